@@ -1,0 +1,204 @@
+"""The typed config tree, its loading from `configs/`, `--set` overrides and validation.
+
+Every field is documented where it is declared. `validate` runs before anything is traced or
+compiled, and every error names the offending key (`section.key`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import math
+import pathlib
+import typing
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A bad config: the message names the key."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 8449      # 256 bytes + 8192 BPE merges + <|endoftext|> (SPEC 1)
+    seq_len: int = 1024         # context length = number of learned position embeddings
+    d_model: int = 768          # residual stream width
+    n_layer: int = 12           # number of blocks L
+    n_head: int = 12            # attention heads; head dim = d_model / n_head
+    mlp_ratio: int = 4          # mlp_dim = mlp_ratio * d_model (SPEC 1: 3072 for 768)
+    ln_eps: float = 1e-5        # LayerNorm epsilon (GPT-2 convention)
+    init_std: float = 0.02      # std of the normal init of every matrix and embedding
+    dtype: str = "float32"      # compute dtype: float32 (CPU default) or bfloat16; params stay float32
+    remat: bool = False         # rematerialise each block in the backward pass (saves activation memory)
+
+
+@dataclass(frozen=True)
+class ProResConfig:
+    schedule: str = "linear"    # one of andrea_jax.prores.SCHEDULES; `none` turns ProRes off
+    warmup: int = 1000          # T: warmup of the first layer, in optimizer steps (paper default)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 6e-4            # peak learning rate
+    schedule: str = "cosine"    # cosine (warmup + cosine) or wsd (warmup-stable-decay)
+    warmup_steps: int = 2000    # linear LR warmup, in steps (paper: 2000)
+    min_lr_ratio: float = 0.1   # cosine: final LR as a fraction of the peak
+    decay_fraction: float = 0.1  # wsd: the last fraction of steps decays linearly to 0 (paper: 10%)
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1   # applied to matrices (kernels, embeddings) only
+    clip_norm: float = 1.0      # global-norm gradient clipping
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100_000        # total optimizer updates
+    batch_size: int = 512       # global batch, in sequences
+    seed: int = 0               # seeds init, data order and sampling
+    log_every: int = 10         # steps between metric lines (each costs one host sync)
+    eval_every: int = 1000      # steps between validation passes; 0 = only at the end
+    eval_batches: int = 8       # validation batches per pass (the set itself is fixed)
+    sample_tokens: int = 0      # tokens of text generated at the end of the run (0 = none)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "embedded"    # embedded: the shipped tinyshakespeare corpus
+    val_fraction: float = 0.05  # tail of the corpus held out as the fixed validation set
+    tokenizer: str = ""         # path of a tokenizer.json to use; empty = train on the corpus (cached)
+
+
+@dataclass(frozen=True)
+class KernelsConfig:
+    impl: str = "auto"          # xla | pallas | triton | auto (pallas on GPU, xla on CPU)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    prores: ProResConfig = field(default_factory=ProResConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+def load(name_or_path: str) -> Config:
+    """Loads `configs/NAME.py` or a path to such a file; the module defines `get_config()`."""
+    path = pathlib.Path(name_or_path)
+    if path.suffix == ".py":
+        if not path.is_file():
+            raise ConfigError(f"config file {name_or_path!r} does not exist")
+        spec = importlib.util.spec_from_file_location(f"_andrea_config_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(f"configs.{name_or_path}")
+        except ModuleNotFoundError:
+            known = sorted(p.stem for p in _CONFIG_DIR.glob("*.py") if not p.stem.startswith("_"))
+            raise ConfigError(f"unknown config {name_or_path!r}; known: {', '.join(known)}") from None
+    config = module.get_config()
+    if not isinstance(config, Config):
+        raise ConfigError(f"get_config() in {name_or_path!r} must return andrea_jax.config.Config")
+    return config
+
+
+def _parse(key: str, text: str, kind: type):
+    try:
+        if kind is bool:
+            if text.lower() in ("true", "1", "yes"):
+                return True
+            if text.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if kind is int:
+            return int(text.replace("_", ""))
+        return kind(text)
+    except ValueError:
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {text!r}") from None
+
+
+def override(config: Config, assignments: typing.Sequence[str]) -> Config:
+    """Applies `section.key=value` strings, parsing each value by the field's declared type."""
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"override {assignment!r} is not of the form section.key=value")
+        if section not in {f.name for f in dataclasses.fields(config)}:
+            raise ConfigError(f"unknown config key {key!r}: no section {section!r}")
+        sub = getattr(config, section)
+        hints = typing.get_type_hints(type(sub))
+        if name not in hints:
+            raise ConfigError(f"unknown config key {key!r}")
+        sub = dataclasses.replace(sub, **{name: _parse(key, text, hints[name])})
+        config = dataclasses.replace(config, **{section: sub})
+    return config
+
+
+def _check_types(config: Config) -> None:
+    for section in dataclasses.fields(config):
+        sub = getattr(config, section.name)
+        for name, kind in typing.get_type_hints(type(sub)).items():
+            value = getattr(sub, name)
+            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                ok = True
+            if not ok:
+                raise ConfigError(
+                    f"{section.name}.{name}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
+
+
+def validate(config: Config) -> Config:
+    """Raises ConfigError naming the first invalid key; returns the config unchanged."""
+    from andrea_jax import prores
+
+    _check_types(config)
+    m, p, o, t, d, k = (config.model, config.prores, config.optim, config.train,
+                        config.data, config.kernels)
+
+    def need(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"{key}: {why}")
+
+    for key, value in [("model.vocab_size", m.vocab_size), ("model.seq_len", m.seq_len),
+                       ("model.d_model", m.d_model), ("model.n_layer", m.n_layer),
+                       ("model.n_head", m.n_head), ("model.mlp_ratio", m.mlp_ratio),
+                       ("train.steps", t.steps), ("train.batch_size", t.batch_size),
+                       ("train.log_every", t.log_every), ("train.eval_batches", t.eval_batches)]:
+        need(value > 0, key, f"must be positive, got {value}")
+    need(m.d_model % m.n_head == 0, "model.d_model",
+         f"{m.d_model} is not divisible by model.n_head={m.n_head}")
+    need(m.vocab_size >= 257, "model.vocab_size", f"must be >= 257 (256 bytes + end-of-text), got {m.vocab_size}")
+    need(m.ln_eps > 0, "model.ln_eps", f"must be positive, got {m.ln_eps}")
+    need(m.init_std > 0, "model.init_std", f"must be positive, got {m.init_std}")
+    need(m.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {m.dtype!r}")
+    need(p.schedule in prores.SCHEDULES, "prores.schedule",
+         f"unknown schedule {p.schedule!r}; known: {', '.join(prores.SCHEDULES)}")
+    need(p.warmup >= 0, "prores.warmup", f"must be >= 0, got {p.warmup}")
+    need(o.lr > 0 and math.isfinite(o.lr), "optim.lr", f"must be positive, got {o.lr}")
+    need(o.schedule in ("cosine", "wsd"), "optim.schedule", f"must be cosine or wsd, got {o.schedule!r}")
+    need(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+    need(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
+    need(0 < o.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {o.decay_fraction}")
+    need(0 <= o.b1 < 1, "optim.b1", f"must be in [0, 1), got {o.b1}")
+    need(0 <= o.b2 < 1, "optim.b2", f"must be in [0, 1), got {o.b2}")
+    need(o.eps > 0, "optim.eps", f"must be positive, got {o.eps}")
+    need(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
+    need(o.clip_norm > 0, "optim.clip_norm", f"must be positive, got {o.clip_norm}")
+    need(t.eval_every >= 0, "train.eval_every", f"must be >= 0, got {t.eval_every}")
+    need(t.sample_tokens >= 0, "train.sample_tokens", f"must be >= 0, got {t.sample_tokens}")
+    need(d.source == "embedded", "data.source", f"unknown source {d.source!r}; known: embedded")
+    need(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
+    need(k.impl in ("auto", "xla", "pallas", "triton"), "kernels.impl",
+         f"must be auto, xla, pallas or triton, got {k.impl!r}")
+    return config

@@ -1,0 +1,1 @@
+"""Input: the tokenizer, corpus sources and the grain pipeline. Knows nothing of the model."""

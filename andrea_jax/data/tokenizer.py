@@ -1,0 +1,70 @@
+"""Byte-level BPE of ANDREA: 256 byte tokens + merges + `<|endoftext|>` (8449 = 256 + 8192 + 1).
+
+Trained with HF `tokenizers` on the training corpus on first use, cached by the corpus's hash and
+the vocabulary size, and saved with each run. Byte-level pre-tokenization and decoding make
+`decode(encode(s)) == s` hold for every Unicode string.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+from typing import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOT = "<|endoftext|>"
+
+
+def default_cache_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("ANDREA_CACHE", pathlib.Path.home() / ".cache" / "andrea_jax"))
+
+
+def train(texts: Iterable[str], vocab_size: int = 8449) -> Tokenizer:
+    """Trains a byte-level BPE with exactly `vocab_size` tokens; EOT gets id 0."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=1, special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    if tok.get_vocab_size() != vocab_size:
+        raise ValueError(
+            f"the corpus yields only {tok.get_vocab_size() - 257} BPE merges; a vocabulary of "
+            f"{vocab_size} needs {vocab_size - 257}: use a larger corpus or a smaller model.vocab_size")
+    return tok
+
+
+def corpus_key(text: str, vocab_size: int) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16] + f"-v{vocab_size}"
+
+
+def load_or_train(text: str, vocab_size: int, cache_dir: pathlib.Path | None = None) -> Tokenizer:
+    """The tokenizer trained on `text`, from the cache when it was trained before."""
+    cache_dir = pathlib.Path(cache_dir or default_cache_dir())
+    path = cache_dir / f"tokenizer-{corpus_key(text, vocab_size)}.json"
+    if path.is_file():
+        return Tokenizer.from_file(str(path))
+    tok = train([text], vocab_size)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tok.save(str(tmp))
+    os.replace(tmp, path)  # atomic: concurrent runs never read a half-written file
+    return tok
+
+
+def load(path: str | os.PathLike) -> Tokenizer:
+    return Tokenizer.from_file(str(path))
+
+
+def eot_id(tok: Tokenizer) -> int:
+    return tok.token_to_id(EOT)
+
+
+def encode(tok: Tokenizer, text: str) -> list[int]:
+    return tok.encode(text).ids
+
+
+def decode(tok: Tokenizer, ids) -> str:
+    return tok.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -1,0 +1,1 @@
+"""Named configs: `python train.py --config NAME` loads `configs/NAME.py:get_config()`."""

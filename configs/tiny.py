@@ -1,0 +1,18 @@
+"""A tiny ANDREA that trains visibly in a few minutes on 2 CPU cores (the README's main job).
+
+4 blocks of width 128 with the full 8449-token BPE; ProRes linear with T = 25, so every block is
+fully on after 100 of the 300 steps.
+"""
+from andrea_jax.config import (Config, DataConfig, ModelConfig, OptimConfig, ProResConfig,
+                               TrainConfig)
+
+
+def get_config() -> Config:
+    return Config(
+        model=ModelConfig(vocab_size=8449, seq_len=128, d_model=128, n_layer=4, n_head=4),
+        prores=ProResConfig(schedule="linear", warmup=25),
+        optim=OptimConfig(lr=3e-3, schedule="cosine", warmup_steps=30),
+        train=TrainConfig(steps=300, batch_size=16, log_every=10, eval_every=100, eval_batches=4,
+                          sample_tokens=120),
+        data=DataConfig(source="embedded"),
+    )
