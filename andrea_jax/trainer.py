@@ -40,32 +40,35 @@ def step_alphas(cfg: Config, step):
     return prores.alphas(step, cfg.model.n_layer, schedule=cfg.prores.schedule, warmup=cfg.prores.warmup)
 
 
-def create_state(cfg: Config, rng) -> train_state.TrainState:
+def create_state(cfg: Config, rng, mesh: jax.sharding.Mesh) -> train_state.TrainState:
+    """A fresh train state, replicated over the mesh (placed as the jitted step will return it)."""
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl)
     params = model_lib.init(cfg.model, rng, cfg.kernels.impl)["params"]
-    return train_state.TrainState.create(apply_fn=model.apply, params=params,
-                                         tx=optim.make(cfg.optim, cfg.train.steps))
+    state = train_state.TrainState.create(apply_fn=model.apply, params=params,
+                                          tx=optim.make(cfg.optim, cfg.train.steps))
+    # A strongly typed int32 step on the mesh, as the jitted step returns it: no retrace on call 2.
+    return jax.device_put(state.replace(step=jnp.zeros((), jnp.int32)), NamedSharding(mesh, P()))
 
 
 def make_mesh() -> jax.sharding.Mesh:
     """A 1-D data-parallel mesh over every device: the batch is split, the state replicated."""
-    return jax.make_mesh((jax.device_count(),), ("data",))
+    # Auto axes: jit places the arrays by the shardings given; no sharding-in-types bookkeeping.
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, state_example):
+def make_train_step(cfg: Config, mesh: jax.sharding.Mesh):
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl)
     schedule = optim.lr_schedule(cfg.optim, cfg.train.steps)
 
     def train_step(state, tokens_BT1):
         alphas_L = step_alphas(cfg, state.step)  # inside jit: a new step never recompiles
         loss, grads = jax.value_and_grad(loss_fn)(state.params, model, tokens_BT1, alphas_L)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": schedule(state.step)}
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
         return state.apply_gradients(grads=grads), metrics
 
-    replicated = NamedSharding(mesh, P())
-    state_sharding = jax.tree.map(lambda _: replicated, state_example)
-    return jax.jit(train_step, in_shardings=(state_sharding, NamedSharding(mesh, P("data"))),
-                   out_shardings=(state_sharding, replicated), donate_argnums=0)
+    replicated = NamedSharding(mesh, P())  # a prefix: the whole state is replicated
+    return jax.jit(train_step, in_shardings=(replicated, NamedSharding(mesh, P("data"))),
+                   out_shardings=(replicated, replicated), donate_argnums=0)
 
 
 def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
@@ -104,8 +107,8 @@ def train(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = Tru
     val = [b for b in val if len(b) % jax.device_count() == 0]
 
     mesh = make_mesh()
-    state = create_state(cfg, jax.random.key(t_cfg.seed))
-    train_step = make_train_step(cfg, mesh, state)
+    state = create_state(cfg, jax.random.key(t_cfg.seed), mesh)
+    train_step = make_train_step(cfg, mesh)
     eval_step = make_eval_step(cfg, mesh)
     n_params = sum(int(p.size) for p in jax.tree.leaves(state.params))
     tokens_per_step = t_cfg.batch_size * m_cfg.seq_len
@@ -131,6 +134,7 @@ def train(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = Tru
                                     f"metrics so far are in {workdir / 'metrics.jsonl'}")
             if is_eval and val:
                 line["val_loss"] = evaluate(eval_step, state.params, state.step, val)
+                bar.write(f"step {step}: loss {line['loss']:.4f}  val_loss {line['val_loss']:.4f}")
             log.append(line)
             metrics_file.write(json.dumps(line) + "\n")
             metrics_file.flush()

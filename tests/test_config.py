@@ -1,0 +1,71 @@
+"""Configs: the named configs load and validate; every bad setting fails naming its key, before jax
+compiles anything."""
+import subprocess
+import sys
+
+import pytest
+
+import train
+from andrea_jax import config as config_lib
+
+
+@pytest.mark.parametrize("name", ["tiny", "andrea_120m"])
+def test_named_configs_validate(name):
+    cfg = config_lib.validate(config_lib.load(name))
+    assert cfg.model.d_model % cfg.model.n_head == 0
+
+
+def test_andrea_120m_is_the_spec_model():
+    m = config_lib.load("andrea_120m").model
+    assert (m.vocab_size, m.seq_len, m.d_model, m.n_layer, m.n_head, m.mlp_ratio * m.d_model) == \
+        (8449, 1024, 768, 12, 12, 3072)
+
+
+def test_overrides_are_parsed_by_declared_type():
+    cfg = config_lib.override(config_lib.load("tiny"), [
+        "model.n_layer=6", "optim.lr=1e-3", "model.remat=true", "prores.schedule=equal", "train.steps=1_000"])
+    assert (cfg.model.n_layer, cfg.optim.lr, cfg.model.remat, cfg.prores.schedule, cfg.train.steps) == \
+        (6, 1e-3, True, "equal", 1000)
+
+
+@pytest.mark.parametrize("assignment,named", [
+    ("model.widht=3", "model.widht"),
+    ("modle.d_model=3", "modle.d_model"),
+    ("model.d_model=wide", "model.d_model"),
+    ("model.remat=maybe", "model.remat"),
+    ("model.d_model=130", "model.d_model"),       # not divisible by 4 heads
+    ("prores.warmup=-5", "prores.warmup"),
+    ("prores.schedule=cosine", "prores.schedule"),
+    ("optim.schedule=step", "optim.schedule"),
+    ("kernels.impl=cuda", "kernels.impl"),
+    ("train.batch_size=0", "train.batch_size"),
+    ("model.dtype=float16", "model.dtype"),
+    ("model.n_layer", "model.n_layer"),
+])
+def test_bad_setting_exits_nonzero_naming_the_key(assignment, named, capsys, tmp_path):
+    rc = train.main(["--config", "tiny", "--workdir", str(tmp_path), "--set", assignment])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.startswith("config error:") and named in err and "\n" not in err
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_unknown_config_name_lists_the_known_ones(capsys, tmp_path):
+    assert train.main(["--config", "huge", "--workdir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config 'huge'" in err and "tiny" in err
+
+
+def test_config_file_with_wrong_field_type_is_rejected(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text("from andrea_jax.config import Config, ModelConfig\n"
+                    "def get_config():\n    return Config(model=ModelConfig(n_layer='12'))\n")
+    with pytest.raises(config_lib.ConfigError, match="model.n_layer: expected int"):
+        config_lib.validate(config_lib.load(str(path)))
+
+
+def test_cli_process_exits_nonzero_before_compiling(tmp_path):
+    proc = subprocess.run([sys.executable, "train.py", "--config", "tiny", "--workdir", str(tmp_path),
+                           "--set", "model.n_head=5"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "model.d_model" in proc.stderr and "model.n_head=5" in proc.stderr
