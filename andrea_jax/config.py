@@ -18,6 +18,11 @@ class ConfigError(ValueError):
     """A bad config: the message names the key."""
 
 
+NORMS = ("pre", "post", "sandwich", "deepnorm", "lns")   # block placements, paper Table 1 (SPEC 2)
+INITS = ("normal", "scaled", "ds", "deepnorm")           # matrix inits (SPEC 2)
+GATES = ("none", "learned")                              # residual gates besides the ProRes alpha
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 8449      # 256 bytes + 8192 BPE merges + <|endoftext|> (SPEC 1)
@@ -30,6 +35,9 @@ class ModelConfig:
     init_std: float = 0.02      # std of the normal init of every matrix and embedding
     dtype: str = "float32"      # compute dtype: float32 (CPU default) or bfloat16; params stay float32
     remat: bool = False         # rematerialise each block in the backward pass (saves activation memory)
+    norm: str = "pre"           # block placement, one of NORMS (formulas: SPEC 2 / andrea_jax.model)
+    init: str = "normal"        # one of INITS: normal, scaled (out proj / sqrt(2L)), ds (/ sqrt(2l)), deepnorm
+    gates: str = "none"         # learned: a trainable scalar per block, from 0, times alpha (ReZero; +L params)
 
 
 @dataclass(frozen=True)
@@ -61,13 +69,29 @@ class TrainConfig:
     eval_every: int = 1000      # steps between validation passes; 0 = only at the end
     eval_batches: int = 8       # validation batches per pass (the set itself is fixed)
     sample_tokens: int = 0      # tokens of text generated at the end of the run (0 = none)
+    checkpoint_every: int = 1000  # steps between Orbax checkpoints (and at the end); 0 = none, no resume
+    keep_checkpoints: int = 3   # newest checkpoints kept on disk
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "embedded"    # embedded: the shipped tinyshakespeare corpus
-    val_fraction: float = 0.05  # tail of the corpus held out as the fixed validation set
-    tokenizer: str = ""         # path of a tokenizer.json to use; empty = train on the corpus (cached)
+    source: str = "embedded"    # embedded (shipped tinyshakespeare) | files (data.path) | tfds (data.tfds_name)
+    path: str = ""              # files: a folder (read recursively), a file or a glob of .txt / .jsonl (`text` field) files
+    tfds_name: str = ""         # tfds: a registered TFDS text dataset (a `text` feature), e.g. lm1b or c4/en
+    tfds_split: str = "train"   # tfds: the split trained on, in TFDS split syntax (e.g. train[:10%])
+    tfds_val_split: str = ""    # tfds: the split validated on (e.g. test); empty = the val_fraction tail of training
+    tfds_download: bool = True  # tfds: download and prepare the dataset when data_dir lacks it (c4: hundreds of GB)
+    data_dir: str = ""          # TFDS data_dir; empty = $ANDREA_CACHE/tfds (embedded, files) or TFDS's default (tfds)
+    val_fraction: float = 0.05  # tail of the token stream held out as the fixed validation set (no tfds_val_split)
+    tokenizer: str = ""         # path of a tokenizer.json to use; empty = train on the corpus (cached beside it)
+
+
+@dataclass(frozen=True)
+class DiagnosticsConfig:
+    every: int = 0              # steps between per-layer diagnostics (RMS, branch ratios, grad norms); 0 = off
+    spike_window: int = 1000    # loss-spike score: previous steps in the rolling mean/std (OLMo 2: 1000)
+    spike_sigmas: float = 6.0   # loss-spike score: a spike is a loss above rolling mean + this many stds
+    tensorboard: bool = True    # also write every metric line as TensorBoard events under WORKDIR/tb
 
 
 @dataclass(frozen=True)
@@ -83,6 +107,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -182,6 +207,13 @@ def validate(config: Config) -> Config:
     need(m.ln_eps > 0, "model.ln_eps", f"must be positive, got {m.ln_eps}")
     need(m.init_std > 0, "model.init_std", f"must be positive, got {m.init_std}")
     need(m.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {m.dtype!r}")
+    need(m.norm in NORMS, "model.norm", f"unknown placement {m.norm!r}; known: {', '.join(NORMS)}")
+    need(m.init in INITS, "model.init", f"unknown init {m.init!r}; known: {', '.join(INITS)}")
+    need(m.gates in GATES, "model.gates", f"unknown gates {m.gates!r}; known: {', '.join(GATES)}")
+    g = config.diagnostics
+    need(g.every >= 0, "diagnostics.every", f"must be >= 0, got {g.every}")
+    need(g.spike_window >= 2, "diagnostics.spike_window", f"must be >= 2, got {g.spike_window}")
+    need(g.spike_sigmas > 0, "diagnostics.spike_sigmas", f"must be positive, got {g.spike_sigmas}")
     need(p.schedule in prores.SCHEDULES, "prores.schedule",
          f"unknown schedule {p.schedule!r}; known: {', '.join(prores.SCHEDULES)}")
     need(p.warmup >= 0, "prores.warmup", f"must be >= 0, got {p.warmup}")
@@ -197,7 +229,18 @@ def validate(config: Config) -> Config:
     need(o.clip_norm > 0, "optim.clip_norm", f"must be positive, got {o.clip_norm}")
     need(t.eval_every >= 0, "train.eval_every", f"must be >= 0, got {t.eval_every}")
     need(t.sample_tokens >= 0, "train.sample_tokens", f"must be >= 0, got {t.sample_tokens}")
-    need(d.source == "embedded", "data.source", f"unknown source {d.source!r}; known: embedded")
+    need(t.checkpoint_every >= 0, "train.checkpoint_every", f"must be >= 0, got {t.checkpoint_every}")
+    need(t.keep_checkpoints > 0, "train.keep_checkpoints", f"must be positive, got {t.keep_checkpoints}")
+    need(d.source in ("embedded", "files", "tfds"), "data.source",
+         f"unknown source {d.source!r}; known: embedded, files, tfds")
+    need(d.source != "files" or bool(d.path), "data.path",
+         "data.source=files needs a folder, file or glob of .txt / .jsonl files")
+    need(d.source == "files" or not d.path, "data.path", f"is only read with data.source=files, not {d.source!r}")
+    need(d.source != "tfds" or bool(d.tfds_name), "data.tfds_name",
+         "data.source=tfds needs a TFDS dataset name, e.g. lm1b or c4/en")
+    for key, value in (("data.tfds_name", d.tfds_name), ("data.tfds_val_split", d.tfds_val_split)):
+        need(d.source == "tfds" or not value, key, f"is only read with data.source=tfds, not {d.source!r}")
+    need(d.source != "tfds" or bool(d.tfds_split), "data.tfds_split", "must name the split to train on")
     need(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
     need(k.impl in ("auto", "xla", "pallas", "triton"), "kernels.impl",
          f"must be auto, xla, pallas or triton, got {k.impl!r}")

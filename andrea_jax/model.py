@@ -1,66 +1,217 @@
-"""ANDREA: a GPT-2-style pre-norm decoder whose blocks are scaled by ProRes alphas.
+"""ANDREA: a GPT-2-style decoder whose blocks are scaled by ProRes alphas, in any of the paper's
+norm placements (SPEC 2, paper Table 1).
 
     x = tok_embedding[ids] + pos_embedding[positions]
-    for l in 1..L:  x = x + alpha_l * Attn(LN(x));  x = x + alpha_l * MLP(LN(x))
+    for l in 1..L:  x = block_l(x)        # e.g. pre: x + a_l Attn(LN(x)), then x + a_l MLP(LN(x))
     logits = LN(x) @ tok_embedding.T
 
 The block stack is one `nn.scan` over `Block`: parameters are stacked on a leading layer axis,
 the carry is the residual stream and the scanned input is (alpha_l, l). The model knows nothing
 of steps, data or optimizers: `Andrea(cfg).apply(variables, tokens_BT, alphas_L)` is the whole
-contract. Parameters are float32; activations run in `cfg.dtype`.
+contract. With `Andrea(cfg, diagnostics=True)` the scan also emits per-layer statistics as its
+outputs (ys) and apply returns `(logits, stats)`; the flag is static, so a model without it
+computes none of them. Parameters are float32; activations run in `cfg.dtype`.
+
+Placements are the small functions in `PLACEMENTS`, each a transcription of one row of the
+paper's table, over the sublayers and norms in `_Ops`. Inits (`cfg.init`) are in `_kernel_std`.
+With `cfg.gates == "learned"` each block also owns a trainable scalar g_l (init 0) and uses
+alpha_l * g_l in place of alpha_l (ReZero / SkipInit; with ProRes schedule `none`, exactly ReZero).
+The final LayerNorm is kept for every placement: after Post-LN and DeepNorm blocks it is a second
+norm of an already normalised stream, which keeps one parameter tree for all variants.
 """
 from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
 import kernels
-from andrea_jax.config import ModelConfig
+from andrea_jax.config import NORMS, ModelConfig
+
+OUTPUT_PROJECTIONS = ("attn_out_kernel", "mlp_proj_kernel")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ops:
+    """What a placement needs: the two sublayers, the block's norms and the diagnostics hook."""
+    attn: Callable          # y_BTD -> Attn(y)
+    mlp: Callable           # y_BTD -> MLP(y)
+    norm: Callable          # (name, x) -> LN_name(x)
+    residual_norm: Callable  # (name, x, f, a) -> (x + a f, LN_name(x + a f)), fused in a kernel
+    record: Callable        # (sublayer, f, a, skip) -> None: notes ||a f|| / ||skip||
+    layer: jnp.ndarray      # 1-based index l of this block (traced)
+    n_layer: int            # L
+
+
+def pre_block(x, a, ops):          # x + a F(Norm(x))
+    f = ops.attn(ops.norm("ln1", x))
+    ops.record("attn", f, a, x)
+    x, y = ops.residual_norm("ln2", x, f, a)  # the attention residual add fused into the MLP's norm
+    f = ops.mlp(y)
+    ops.record("mlp", f, a, x)
+    return x + a.astype(x.dtype) * f
+
+
+def post_block(x, a, ops):         # Norm(x + a F(x))
+    f = ops.attn(x)
+    ops.record("attn", f, a, x)
+    _, x = ops.residual_norm("ln1", x, f, a)
+    f = ops.mlp(x)
+    ops.record("mlp", f, a, x)
+    return ops.residual_norm("ln2", x, f, a)[1]
+
+
+def sandwich_block(x, a, ops):     # x + a Norm(F(Norm(x)))
+    f = ops.norm("ln1_out", ops.attn(ops.norm("ln1", x)))
+    ops.record("attn", f, a, x)
+    x, y = ops.residual_norm("ln2", x, f, a)
+    f = ops.norm("ln2_out", ops.mlp(y))
+    ops.record("mlp", f, a, x)
+    return x + a.astype(x.dtype) * f
+
+
+def deepnorm_block(x, a, ops):     # Norm(c x + a F(x)), c = (2L)^(1/4)
+    c = (2.0 * ops.n_layer) ** 0.25
+    f = ops.attn(x)
+    ops.record("attn", f, a, c * x)
+    _, x = ops.residual_norm("ln1", c * x, f, a)
+    f = ops.mlp(x)
+    ops.record("mlp", f, a, c * x)
+    return ops.residual_norm("ln2", c * x, f, a)[1]
+
+
+def lns_block(x, a, ops):          # x + a F(Norm(x) / sqrt(l))
+    shrink = jax.lax.rsqrt(ops.layer.astype(jnp.float32)).astype(x.dtype)
+    f = ops.attn(ops.norm("ln1", x) * shrink)
+    ops.record("attn", f, a, x)
+    x, y = ops.residual_norm("ln2", x, f, a)
+    f = ops.mlp(y * shrink)
+    ops.record("mlp", f, a, x)
+    return x + a.astype(x.dtype) * f
+
+
+PLACEMENTS = {"pre": pre_block, "post": post_block, "sandwich": sandwich_block,
+              "deepnorm": deepnorm_block, "lns": lns_block}
+# Norms each placement owns; sandwich adds a norm on the output of each sublayer.
+NORM_NAMES = {name: ("ln1", "ln2") for name in PLACEMENTS} | {"sandwich": ("ln1", "ln2", "ln1_out", "ln2_out")}
+assert tuple(PLACEMENTS) == NORMS
+
+
+def deepnorm_beta(n_layer: int) -> float:
+    """DeepNet's init gain (8L)^(-1/4) on FFN, value and output projections."""
+    return (8.0 * n_layer) ** -0.25
+
+
+def _kernel_std(cfg: ModelConfig, name: str, shape, layer):
+    """Std of the normal init of one block matrix (a scalar, or per column for the fused qkv)."""
+    L, std = cfg.n_layer, cfg.init_std
+    out_proj = name in OUTPUT_PROJECTIONS
+    if cfg.init == "scaled":
+        return std / math.sqrt(2 * L) if out_proj else std
+    if cfg.init == "ds":  # depends on the scanned layer index: evaluated inside the scan
+        return std * jax.lax.rsqrt(2.0 * layer.astype(jnp.float32)) if out_proj else std
+    if cfg.init == "deepnorm":  # Xavier normal: gain * sqrt(2 / (fan_in + fan_out))
+        beta, (fan_in, fan_out) = deepnorm_beta(L), shape
+        if name == "attn_qkv_kernel":  # q, k, v are three [D, D] projections; only v gets beta
+            D = fan_in
+            gains = jnp.concatenate([jnp.ones((2 * D,)), jnp.full((D,), beta)])
+            return gains * math.sqrt(1.0 / D)
+        return beta * math.sqrt(2.0 / (fan_in + fan_out))
+    return std
+
+
+def _normal(std):
+    return lambda key, shape, dtype=jnp.float32: std * jax.random.normal(key, shape, dtype)
+
+
+def _rms(x):
+    return jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32))))
+
+
+def _norm2(x):
+    return jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32))))
 
 
 class Block(nn.Module):
-    """One pre-norm block; `__call__(x_BTD, (alpha, l)) -> (x_BTD, None)` is the scan body."""
+    """One block; `__call__(x_BTD, (alpha, l)) -> (x_BTD, stats)` is the scan body.
+
+    stats is None unless `diagnostics`; then a dict of scalars: the RMS of the residual stream
+    after the block, ||a F|| / ||skip|| for each sublayer (skip = the term the branch is added
+    to: x, or c x under DeepNorm) and the block's effective alpha.
+    """
     cfg: ModelConfig
     impl: str = "auto"
+    diagnostics: bool = False
 
     @nn.compact
     def __call__(self, x_BTD, scanned):
-        alpha, _layer = scanned  # the 1-based layer index is scanned in for per-layer variants
-        cfg = self.cfg
+        alpha, layer = scanned
+        cfg, impl = self.cfg, self.impl
         D, H = cfg.d_model, cfg.n_head
         F = cfg.mlp_ratio * D
         dtype = jnp.dtype(cfg.dtype)
-        normal = nn.initializers.normal(cfg.init_std)
         zeros, ones = nn.initializers.zeros, nn.initializers.ones
-        param = lambda name, init, shape: self.param(name, init, shape, jnp.float32)
 
-        ln1_scale, ln1_bias = param("ln1_scale", ones, (D,)), param("ln1_bias", zeros, (D,))
-        qkv_kernel, qkv_bias = param("attn_qkv_kernel", normal, (D, 3 * D)), param("attn_qkv_bias", zeros, (3 * D,))
-        out_kernel, out_bias = param("attn_out_kernel", normal, (D, D)), param("attn_out_bias", zeros, (D,))
-        ln2_scale, ln2_bias = param("ln2_scale", ones, (D,)), param("ln2_bias", zeros, (D,))
-        fc_kernel, fc_bias = param("mlp_fc_kernel", normal, (D, F)), param("mlp_fc_bias", zeros, (F,))
-        proj_kernel, proj_bias = param("mlp_proj_kernel", normal, (F, D)), param("mlp_proj_bias", zeros, (D,))
+        def matrix(name, shape):
+            return self.param(name, _normal(_kernel_std(cfg, name, shape, layer)), shape, jnp.float32)
 
-        B, T, _ = x_BTD.shape
-        y_BTD = kernels.layer_norm(x_BTD, ln1_scale, ln1_bias, eps=cfg.ln_eps, impl=self.impl)
-        qkv_BT3D = y_BTD @ qkv_kernel.astype(dtype) + qkv_bias.astype(dtype)
-        q_BTHK, k_BTHK, v_BTHK = (a.reshape(B, T, H, D // H) for a in jnp.split(qkv_BT3D, 3, axis=-1))
-        o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True)
-        attn_BTD = o_BTHK.reshape(B, T, D) @ out_kernel.astype(dtype) + out_bias.astype(dtype)
+        def vector(name, init, size):
+            return self.param(name, init, (size,), jnp.float32)
 
-        # The attention residual add is fused into the MLP's LayerNorm.
-        x_BTD, y_BTD = kernels.residual_layer_norm(
-            x_BTD, attn_BTD, alpha, ln2_scale, ln2_bias, eps=cfg.ln_eps, impl=self.impl)
-        h_BTF = kernels.bias_gelu(y_BTD @ fc_kernel.astype(dtype), fc_bias, impl=self.impl)
-        mlp_BTD = h_BTF @ proj_kernel.astype(dtype) + proj_bias.astype(dtype)
-        x_BTD = x_BTD + alpha.astype(dtype) * mlp_BTD
-        return x_BTD, None
+        def layer_norm_params(name):
+            return vector(f"{name}_scale", ones, D), vector(f"{name}_bias", zeros, D)
+
+        # Created in the spine's order (flax draws init keys in creation order): same seed, same init.
+        norms = {"ln1": layer_norm_params("ln1")}
+        qkv_kernel, qkv_bias = matrix("attn_qkv_kernel", (D, 3 * D)), vector("attn_qkv_bias", zeros, 3 * D)
+        out_kernel, out_bias = matrix("attn_out_kernel", (D, D)), vector("attn_out_bias", zeros, D)
+        norms["ln2"] = layer_norm_params("ln2")
+        fc_kernel, fc_bias = matrix("mlp_fc_kernel", (D, F)), vector("mlp_fc_bias", zeros, F)
+        proj_kernel, proj_bias = matrix("mlp_proj_kernel", (F, D)), vector("mlp_proj_bias", zeros, D)
+        norms |= {name: layer_norm_params(name) for name in NORM_NAMES[cfg.norm][2:]}
+        if cfg.gates == "learned":  # ReZero / SkipInit: a trainable scalar from 0, times the ProRes alpha
+            alpha = alpha * self.param("residual_gate", zeros, (), jnp.float32)
+
+        def attn(y_BTD):
+            B, T, _ = y_BTD.shape
+            qkv_BT3D = y_BTD @ qkv_kernel.astype(dtype) + qkv_bias.astype(dtype)
+            q_BTHK, k_BTHK, v_BTHK = (a.reshape(B, T, H, D // H) for a in jnp.split(qkv_BT3D, 3, axis=-1))
+            o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True)
+            return o_BTHK.reshape(B, T, D) @ out_kernel.astype(dtype) + out_bias.astype(dtype)
+
+        def mlp(y_BTD):
+            h_BTF = kernels.bias_gelu(y_BTD @ fc_kernel.astype(dtype), fc_bias, impl=impl)
+            return h_BTF @ proj_kernel.astype(dtype) + proj_bias.astype(dtype)
+
+        def norm(name, x):
+            return kernels.layer_norm(x, *norms[name], eps=cfg.ln_eps, impl=impl)
+
+        def residual_norm(name, x, f, a):
+            return kernels.residual_layer_norm(x, f, a, *norms[name], eps=cfg.ln_eps, impl=impl)
+
+        stats = {}
+
+        def record(sublayer, f, a, skip):
+            if self.diagnostics:
+                stats[f"{sublayer}_ratio"] = jnp.abs(a) * _norm2(f) / _norm2(skip)
+
+        ops = _Ops(attn=attn, mlp=mlp, norm=norm, residual_norm=residual_norm, record=record,
+                   layer=layer, n_layer=cfg.n_layer)
+        # alpha stays float32 (the kernels take it so); adds outside kernels cast it to the compute dtype.
+        x_BTD = PLACEMENTS[cfg.norm](x_BTD, jnp.asarray(alpha, jnp.float32), ops)
+        if not self.diagnostics:
+            return x_BTD, None
+        return x_BTD, {**stats, "resid_rms": _rms(x_BTD), "alpha": jnp.asarray(alpha, jnp.float32)}
 
 
 class Andrea(nn.Module):
     cfg: ModelConfig
     impl: str = "auto"
+    diagnostics: bool = False  # static: also return the per-layer stats of the scan (see Block)
 
     @nn.compact
     def __call__(self, tokens_BT, alphas_L):
@@ -81,10 +232,12 @@ class Andrea(nn.Module):
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=0, length=cfg.n_layer)
         layers_L = jnp.arange(1, cfg.n_layer + 1, dtype=jnp.int32)
-        x_BTD, _ = stack(cfg, self.impl, name="blocks")(x_BTD, (jnp.asarray(alphas_L, jnp.float32), layers_L))
+        x_BTD, stats_L = stack(cfg, self.impl, self.diagnostics, name="blocks")(
+            x_BTD, (jnp.asarray(alphas_L, jnp.float32), layers_L))
 
         y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=self.impl)
-        return jnp.einsum("btd,vd->btv", y_BTD, tok_embedding_VD.astype(dtype))
+        logits_BTV = jnp.einsum("btd,vd->btv", y_BTD, tok_embedding_VD.astype(dtype))
+        return (logits_BTV, stats_L) if self.diagnostics else logits_BTV
 
 
 def init(cfg: ModelConfig, rng, impl: str = "auto"):

@@ -13,6 +13,7 @@ def get_config() -> Config:
         prores=ProResConfig(schedule="linear", warmup=25),
         optim=OptimConfig(lr=3e-3, schedule="cosine", warmup_steps=30),
         train=TrainConfig(steps=300, batch_size=16, log_every=10, eval_every=100, eval_batches=4,
+                          checkpoint_every=100,
                           sample_tokens=120),
         data=DataConfig(source="embedded"),
     )

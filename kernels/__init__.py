@@ -1,36 +1,87 @@
 """Fused ops for transformer blocks, with one dispatch point that picks the backend.
 
 Stands alone: usable by any JAX model, imports nothing of andrea_jax.
-Backends (`impl`): `xla` (the jnp reference in `reference.py`), `auto` (the best available).
+Backends (`impl`):
+- `xla`: the jnp reference in `reference.py`, left to XLA's own fusion;
+- `pallas`: Pallas kernels (`pallas_ops.py`) under `jax.custom_vjp` (`fused.py`); Triton-lowered
+  on GPU, `interpret=True` elsewhere;
+- `triton`: hand-written Triton kernels through `jax_triton.triton_call` (`triton_ops.py`); GPU only;
+- `auto`: `pallas` on GPU, `xla` elsewhere.
+The kernel backends run per row shard under a mesh (`sharded.py`).
 """
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from kernels import reference
 
-IMPLS = ("auto", "xla")
+IMPLS = ("auto", "xla", "pallas", "triton")
 
 
-def _resolve(impl: str) -> str:
+class KernelUnavailableError(RuntimeError):
+    """The requested backend cannot run here; the message names what is missing."""
+
+
+def resolve(impl: str) -> str:
+    """The backend `impl` stands for on this machine ('auto' resolved)."""
     if impl not in IMPLS:
         raise ValueError(f"unknown kernel impl {impl!r}; known: {', '.join(IMPLS)}")
     if impl == "auto":
-        return "xla"
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
     return impl
 
 
+def _backend(impl: str):
+    name = resolve(impl)
+    if name == "xla":
+        return None
+    if name == "pallas":
+        from kernels import pallas_ops
+        return pallas_ops
+    from kernels import triton_ops  # raises KernelUnavailableError naming what is missing
+    triton_ops.check_available()
+    return triton_ops
+
+
+def _check_features(name: str, x, *params):
+    D = x.shape[-1] if x.ndim else None
+    for p in params:
+        if p.shape != (D,):
+            raise ValueError(f"{name}: parameter of shape {p.shape} does not match the feature "
+                             f"dimension of input {x.shape} (expected ({D},))")
+
+
 def layer_norm(x, gamma, beta, *, eps: float = 1e-5, impl: str = "auto"):
-    _resolve(impl)
-    return reference.layer_norm(x, gamma, beta, eps=eps)
+    """LayerNorm over the last axis; statistics in float32, output in x's dtype."""
+    _check_features("layer_norm", x, gamma, beta)
+    backend = _backend(impl)
+    if backend is None or x.size == 0:
+        return reference.layer_norm(x, gamma, beta, eps=eps)
+    from kernels import fused
+    return fused.layer_norm_fn(backend, float(eps))(x, gamma, beta)
 
 
 def residual_layer_norm(x, delta, alpha, gamma, beta, *, eps: float = 1e-5, impl: str = "auto"):
-    """(h, y) with h = x + alpha * delta and y = LayerNorm(h)."""
-    _resolve(impl)
-    return reference.residual_layer_norm(x, delta, alpha, gamma, beta, eps=eps)
+    """(h, y) with h = x + alpha * delta (in x's dtype) and y = LayerNorm(h)."""
+    _check_features("residual_layer_norm", x, gamma, beta)
+    if delta.shape != x.shape:
+        raise ValueError(f"residual_layer_norm: delta {delta.shape} must have the shape of x {x.shape}")
+    backend = _backend(impl)
+    if backend is None or x.size == 0:
+        return reference.residual_layer_norm(x, delta, alpha, gamma, beta, eps=eps)
+    from kernels import fused
+    alpha = jnp.asarray(alpha, jnp.float32)
+    if alpha.shape != ():
+        raise ValueError(f"residual_layer_norm: alpha must be a scalar, got shape {alpha.shape}")
+    return fused.residual_layer_norm_fn(backend, float(eps))(x, delta.astype(x.dtype), alpha, gamma, beta)
 
 
 def bias_gelu(h, bias, *, impl: str = "auto"):
-    _resolve(impl)
-    return reference.bias_gelu(h, bias)
+    """tanh GELU of h + bias, computed in float32, output in h's dtype."""
+    _check_features("bias_gelu", h, bias)
+    backend = _backend(impl)
+    if backend is None or h.size == 0:
+        return reference.bias_gelu(h, bias)
+    from kernels import fused
+    return fused.bias_gelu_fn(backend)(h, bias)

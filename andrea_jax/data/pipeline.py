@@ -1,36 +1,40 @@
-"""Corpus -> tokens -> packed windows -> shuffled batches, through grain.
+"""The data path of a run: source -> tokenizer -> cached token arrays -> grain loader + fixed
+validation batches. `build(cfg, workdir)` is all the trainer calls.
 
-Tokens are packed into windows of seq_len + 1 with no padding (window i starts at token i*seq_len,
-so the targets of one window are its inputs shifted by one). The validation part is the tail of
-the token stream, fixed for a given corpus and tokenizer. Each process reads only its share of the
-training windows.
+The validation set is a separate split where the source has one (data.tfds_val_split), otherwise
+the last data.val_fraction of the token stream; either way it is fixed for a given dataset and
+tokenizer, and the same on every run.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import hashlib
+import os
 import pathlib
 
-import grain
+import jax
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax.data import tokenizer as tokenizer_lib
+from andrea_jax.data import loader, pretokenize, sources, tokenizer as tokenizer_lib
+from andrea_jax.data.errors import DataError, DataWarning  # noqa: F401  (train.py imports DataError here)
 
-EMBEDDED_CORPUS = pathlib.Path(__file__).resolve().parent / "tinyshakespeare.txt"
-
-
-class DataError(ValueError):
-    """Bad input data: the message names the file."""
+EMBEDDED_CORPUS = sources.EMBEDDED_CORPUS
+TOKENIZER_SAMPLE_CHARS = 64 << 20   # a trained tokenizer sees at most this much of the training text
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenizedCorpus:
     tokenizer: Tokenizer
-    train_tokens: np.ndarray   # uint16/uint32 token ids, end-of-text between documents
+    train_tokens: np.ndarray   # uint16/uint32 token ids (memory-mapped), end-of-text after each document
     val_tokens: np.ndarray
+    key: str                   # the dataset, splits and tokenizer: what a saved loader state must match
 
 
 def read_text(path: pathlib.Path) -> str:
+    """One text file (invalid UTF-8 replaced), for tools and tests that want the raw corpus."""
     if not path.is_file():
         raise DataError(f"corpus file {path} does not exist")
     text = path.read_text(encoding="utf-8", errors="replace")
@@ -39,69 +43,98 @@ def read_text(path: pathlib.Path) -> str:
     return text
 
 
-def corpus_text(source: str) -> str:
-    if source == "embedded":
-        return read_text(EMBEDDED_CORPUS)
-    raise DataError(f"unknown data source {source!r}")
+def _cache_dir_beside(dataset_dir: pathlib.Path, cache_dir: pathlib.Path) -> pathlib.Path:
+    """Beside the dataset when that folder is writable, else a folder of our cache named after it."""
+    if os.access(dataset_dir, os.W_OK):
+        return dataset_dir
+    return cache_dir / "tokens" / hashlib.sha256(str(dataset_dir).encode()).hexdigest()[:16]
 
 
-def tokenize(tok: Tokenizer, text: str) -> np.ndarray:
-    ids = tokenizer_lib.encode(tok, text)
-    dtype = np.uint16 if tok.get_vocab_size() <= np.iinfo(np.uint16).max else np.uint32
-    return np.asarray(ids, dtype)
-
-
-def prepare(*, source: str, vocab_size: int, val_fraction: float, seq_len: int,
-            tokenizer_path: str = "", cache_dir=None) -> TokenizedCorpus:
-    """Reads and tokenizes the corpus and splits off the validation tail."""
-    text = corpus_text(source)
-    if tokenizer_path:
-        tok = tokenizer_lib.load(tokenizer_path)
+def _tokenizer(source: sources.Source, data_cfg, vocab_size: int, beside: pathlib.Path, split: str) -> Tokenizer:
+    if data_cfg.tokenizer:
+        if not pathlib.Path(data_cfg.tokenizer).is_file():
+            raise DataError(f"data.tokenizer {data_cfg.tokenizer}: no such file")
+        tok = tokenizer_lib.load(data_cfg.tokenizer)
     else:
-        tok = tokenizer_lib.load_or_train(text, vocab_size, cache_dir)
+        try:
+            tok = tokenizer_lib.load_or_train_at(
+                beside / f"tokenizer-{pretokenize.safe_name(split)}-v{vocab_size}.json",
+                pretokenize.iter_texts(source.train, TOKENIZER_SAMPLE_CHARS), vocab_size)
+        except ValueError as e:  # too little text for the vocabulary
+            raise DataError(f"corpus {source.name}: {e}") from None
     if tok.get_vocab_size() != vocab_size:
         raise DataError(f"tokenizer has {tok.get_vocab_size()} tokens but model.vocab_size is {vocab_size}")
-    tokens = tokenize(tok, text)
-    n_val = int(len(tokens) * val_fraction)
-    train_tokens, val_tokens = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
-    for name, part in (("training", train_tokens), ("validation", val_tokens)):
+    return tok
+
+
+@contextlib.contextmanager
+def _build_lock(cache_dir: pathlib.Path):
+    """Processes sharing a cache build each dataset, tokenizer and token file once, one at a time."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with (cache_dir / "build.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def prepare(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None) -> TokenizedCorpus:
+    """Opens the source, loads or trains the tokenizer, loads or builds the token caches."""
+    cache_dir = pathlib.Path(cache_dir or tokenizer_lib.default_cache_dir())
+    split = data_cfg.tfds_split if data_cfg.source == "tfds" else "train"
+    with _build_lock(cache_dir):
+        source = sources.open_source(data_cfg, cache_dir)
+        beside = _cache_dir_beside(source.dataset_dir, cache_dir)
+        tok = _tokenizer(source, data_cfg, vocab_size, beside, split)
+        tokens = pretokenize.load_or_tokenize(source.train, tok, beside, split, source.name)
+        val_tokens = None if source.val is None else \
+            pretokenize.load_or_tokenize(source.val, tok, beside, data_cfg.tfds_val_split, source.name)
+    if source.val is not None:
+        train_tokens = tokens
+        val_name = f"validation split {data_cfg.tfds_val_split!r}"
+    else:
+        n_val = int(len(tokens) * data_cfg.val_fraction)
+        train_tokens, val_tokens = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
+        val_name = f"validation part (data.val_fraction={data_cfg.val_fraction})"
+    for name, part in (("training part", train_tokens), (val_name, val_tokens)):
         if len(part) < seq_len + 1:
-            raise DataError(f"the {name} part of corpus {source!r} has {len(part)} tokens, "
-                            f"fewer than one window of seq_len + 1 = {seq_len + 1}")
-    return TokenizedCorpus(tok, train_tokens, val_tokens)
+            raise DataError(f"the {name} of corpus {source.name} has {len(part)} tokens, fewer than "
+                            f"one window of model.seq_len + 1 = {seq_len + 1}")
+    # Location-free: the same data restores from another data_dir; n_tokens (in the fingerprint) adds the rest.
+    key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{pretokenize.tokenizer_hash(tok)}"
+    return TokenizedCorpus(tok, train_tokens, val_tokens, key)
 
 
-class Windows(grain.sources.RandomAccessDataSource):
-    """Random access to the packed windows [seq_len + 1] of a token array."""
-
-    def __init__(self, tokens: np.ndarray, seq_len: int):
-        self.tokens, self.seq_len = tokens, seq_len
-
-    def __len__(self) -> int:
-        return (len(self.tokens) - 1) // self.seq_len
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        start = int(i) * self.seq_len
-        return self.tokens[start: start + self.seq_len + 1].astype(np.int32)
+def fingerprint(cfg, corpus: TokenizedCorpus) -> dict:
+    return loader.state_fingerprint(tokens_key=corpus.key, n_tokens=len(corpus.train_tokens),
+                                    seq_len=cfg.model.seq_len, global_batch=cfg.train.batch_size,
+                                    seed=cfg.train.seed)
 
 
-def train_dataset(tokens: np.ndarray, *, seq_len: int, batch_size: int, seed: int,
-                  process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
-    """Endless seeded shuffle of this process's windows, reshuffled every epoch, in batches."""
-    windows = grain.MapDataset.source(Windows(tokens, seq_len))[process_index::process_count]
-    if len(windows) < batch_size:
-        raise DataError(f"{len(windows)} training windows per process, fewer than one batch of {batch_size}")
-    return windows.shuffle(seed=seed).repeat(None).batch(batch_size, drop_remainder=True)
+def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None,
+          process_count: int | None = None):
+    """(corpus, train batch iterator, validation batches) for this process; saves the tokenizer
+    into `workdir` when given. Batches are int32 [train.batch_size / process_count, seq_len + 1]."""
+    index = jax.process_index() if process_index is None else process_index
+    count = jax.process_count() if process_count is None else process_count
+    m_cfg, t_cfg = cfg.model, cfg.train
+    corpus = prepare(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
+    if workdir is not None:
+        corpus.tokenizer.save(str(pathlib.Path(workdir) / "tokenizer.json"))
+    batches = loader.train_iterator(loader.train_dataset(
+        corpus.train_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.seed,
+        process_index=index, process_count=count))
+    val = loader.val_batches(corpus.val_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size,
+                             max_batches=t_cfg.eval_batches, process_index=index, process_count=count)
+    return corpus, batches, val
 
 
-def train_iterator(dataset: grain.MapDataset, prefetch: int = 4):
-    """A grain iterator (checkpointable with get_state/set_state), prefetching in threads."""
-    return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=prefetch)))
+def get_state(batches, cfg, corpus: TokenizedCorpus) -> dict:
+    """The train iterator's position as a JSON-able dict (saved in every checkpoint)."""
+    return loader.get_state(batches, fingerprint(cfg, corpus))
 
 
-def val_batches(tokens: np.ndarray, *, seq_len: int, batch_size: int, max_batches: int) -> list[np.ndarray]:
-    """The fixed validation set: the first windows of the validation tail, in order."""
-    windows = Windows(tokens, seq_len)
-    n = min(len(windows), batch_size * max_batches)
-    rows = np.stack([windows[i] for i in range(n)])
-    return [rows[i: i + batch_size] for i in range(0, n, batch_size)]
+def set_state(batches, cfg, corpus: TokenizedCorpus, state: dict, where: str = "the saved data state") -> None:
+    """Continues `batches` where the run that saved `state` stopped (any process count, same global batch)."""
+    loader.set_state(batches, state, fingerprint(cfg, corpus), where=where)

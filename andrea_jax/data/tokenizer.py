@@ -43,11 +43,16 @@ def corpus_key(text: str, vocab_size: int) -> str:
 def load_or_train(text: str, vocab_size: int, cache_dir: pathlib.Path | None = None) -> Tokenizer:
     """The tokenizer trained on `text`, from the cache when it was trained before."""
     cache_dir = pathlib.Path(cache_dir or default_cache_dir())
-    path = cache_dir / f"tokenizer-{corpus_key(text, vocab_size)}.json"
+    return load_or_train_at(cache_dir / f"tokenizer-{corpus_key(text, vocab_size)}.json", [text], vocab_size)
+
+
+def load_or_train_at(path: pathlib.Path, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """The tokenizer saved at `path`, or one trained on `texts` (read only then) and saved there."""
+    path = pathlib.Path(path)
     if path.is_file():
         return Tokenizer.from_file(str(path))
-    tok = train([text], vocab_size)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    tok = train(texts, vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tok.save(str(tmp))
     os.replace(tmp, path)  # atomic: concurrent runs never read a half-written file

@@ -1,0 +1,117 @@
+"""Packed windows -> seeded shuffle -> per-process batches -> background prefetch, with grain;
+and the loader's resumable state.
+
+Window i is tokens[i*T : i*T + T + 1] (T = seq_len): windows overlap by the one token that is both
+the last target of one and the first input of the next, and nothing is padded. The stream of window
+ids is global: each epoch is a new seeded permutation of all windows (grain's index shuffle), and
+global batch k is stream positions [k*B, (k+1)*B). Process p of P reads rows [p*B/P, (p+1)*B/P) of
+every global batch, so the shares are disjoint and together read every window of every epoch
+exactly once (a batch may straddle two epochs; no window is dropped). A batch is one grain element:
+grain shuffles and groups only integer ids, and one numpy gather per batch copies the windows out of
+the memory-mapped token array.
+
+The iterator's state is the index of the next global batch, the same on every process: it restores
+onto any process count that divides the same global batch (see `state_fingerprint`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import grain
+import numpy as np
+
+from andrea_jax.data.errors import DataError
+
+STATE_FORMAT = 1
+
+
+def num_windows(n_tokens: int, seq_len: int) -> int:
+    return max(0, (n_tokens - 1) // seq_len)
+
+
+def gather_windows(tokens: np.ndarray, window_ids, seq_len: int) -> np.ndarray:
+    """Windows [len(window_ids), seq_len + 1] as int32, in one fancy-indexing copy."""
+    starts = np.asarray(window_ids, np.int64) * seq_len
+    return np.asarray(tokens[starts[:, None] + np.arange(seq_len + 1)], np.int32)
+
+
+def local_batch_size(global_batch: int, process_count: int) -> int:
+    if global_batch % process_count:
+        raise DataError(f"train.batch_size={global_batch} is not divisible by the {process_count} processes")
+    return global_batch // process_count
+
+
+def train_dataset(tokens: np.ndarray, *, seq_len: int, global_batch: int, seed: int,
+                  process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
+    """Endless batches [global_batch / process_count, seq_len + 1] of this process's share."""
+    n = num_windows(len(tokens), seq_len)
+    local = local_batch_size(global_batch, process_count)
+    if n < global_batch:
+        raise DataError(f"the training tokens make {n} windows of seq_len + 1 = {seq_len + 1}, fewer than "
+                        f"one batch of train.batch_size={global_batch}: use a larger corpus or smaller batches")
+    window_ids = grain.MapDataset.range(n).shuffle(seed=seed % 2**32).repeat(None)
+    # Local batch m holds stream positions [m*local, (m+1)*local); global batch k is m = k*P .. k*P + P-1.
+    mine = window_ids.batch(local)[process_index::process_count]
+    return mine.map(lambda ids: gather_windows(tokens, ids, seq_len))
+
+
+def train_iterator(dataset: grain.MapDataset, *, num_threads: int = 2, prefetch: int = 4):
+    """A grain iterator with get_state / set_state, computing batches ahead in background threads."""
+    return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)))
+
+
+def val_batches(tokens: np.ndarray, *, seq_len: int, global_batch: int, max_batches: int,
+                process_index: int = 0, process_count: int = 1) -> list[np.ndarray]:
+    """The fixed validation set: the first windows of `tokens` in order, cut into global batches
+    (the last may be smaller, its size a multiple of process_count), this process's rows of each."""
+    n = min(num_windows(len(tokens), seq_len), global_batch * max_batches)
+    batches = []
+    for start in range(0, n, global_batch):
+        size = min(global_batch, n - start) // process_count * process_count
+        local = size // process_count
+        if local:
+            first = start + process_index * local
+            batches.append(gather_windows(tokens, np.arange(first, first + local), seq_len))
+    return batches
+
+
+def state_fingerprint(*, tokens_key: str, n_tokens: int, seq_len: int, global_batch: int, seed: int) -> dict:
+    """What a saved state must match to continue exactly; the process count is not part of it."""
+    return {"tokens": tokens_key, "n_tokens": int(n_tokens), "seq_len": seq_len,
+            "global_batch": global_batch, "seed": seed}
+
+
+def get_state(iterator, fingerprint: dict) -> dict:
+    """The loader's position as a JSON-able dict."""
+    return {"format": STATE_FORMAT, "grain": iterator.get_state(), "data": fingerprint}
+
+
+def set_state(iterator, state: dict, fingerprint: dict, where: str = "the saved data state") -> None:
+    """Moves `iterator` to the saved position; the next batch is the one that would have come next."""
+    if state.get("format") != STATE_FORMAT or "grain" not in state:
+        raise DataError(f"{where} is not a loader state of format {STATE_FORMAT}")
+    if state.get("data") != fingerprint:
+        diff = ", ".join(f"{k}: saved {state.get('data', {}).get(k)!r}, now {v!r}"
+                         for k, v in fingerprint.items() if state.get("data", {}).get(k) != v)
+        raise DataError(f"{where} belongs to other data or batching ({diff}); the loader cannot continue there")
+    iterator.set_state(state["grain"])
+
+
+def save_state(iterator, path: str | os.PathLike, fingerprint: dict) -> None:
+    path = pathlib.Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(get_state(iterator, fingerprint)))
+    os.replace(tmp, path)
+
+
+def restore_state(iterator, path: str | os.PathLike, fingerprint: dict) -> None:
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise DataError(f"data state file {path} does not exist")
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"data state file {path} is not valid JSON ({e.msg})") from None
+    set_state(iterator, state, fingerprint, where=f"data state file {path}")

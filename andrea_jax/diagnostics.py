@@ -1,0 +1,46 @@
+"""Training-dynamics diagnostics that are not part of the forward pass: per-layer gradient norms of
+the stacked block parameters and the loss-spike score. The per-layer activation statistics are
+computed inside the model's scan (`andrea_jax.model.Block`).
+
+Loss-spike score (after OLMo 2, arXiv 2501.00656): the fraction of steps whose loss exceeds the
+mean of the previous `window` losses by more than `sigmas` of their standard deviations. Only
+upward excursions count (a falling loss is not a spike); steps with fewer than `window`
+predecessors are not scored. OLMo 2 uses a window of 1000; the threshold is a parameter.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PER_LAYER = ("resid_rms", "attn_ratio", "mlp_ratio", "layer_grad_norm", "alpha")
+
+
+def layer_norms(stacked_tree) -> jnp.ndarray:
+    """[L]: the global L2 norm of each layer's slice of a tree whose leaves are stacked on axis 0."""
+    squares = [jnp.sum(jnp.square(g.astype(jnp.float32)).reshape(g.shape[0], -1), axis=1)
+               for g in jax.tree.leaves(stacked_tree)]
+    return jnp.sqrt(sum(squares))
+
+
+def spike_flags(losses, window: int, sigmas: float) -> np.ndarray:
+    """bool [n]: step i spikes when losses[i] > mean(losses[i-window:i]) + sigmas * std(same)."""
+    x = np.asarray(losses, np.float64)
+    flags = np.zeros(len(x), bool)
+    if len(x) <= window:
+        return flags
+    # Rolling sums from cumulative sums, centred on the first loss to keep them well conditioned.
+    c = x - x[0]
+    s1 = np.concatenate([[0.0], np.cumsum(c)])
+    s2 = np.concatenate([[0.0], np.cumsum(c * c)])
+    ends = np.arange(window, len(x))
+    mean = (s1[ends] - s1[ends - window]) / window
+    var = np.maximum((s2[ends] - s2[ends - window]) / window - mean * mean, 0.0)
+    flags[window:] = c[window:] > mean + sigmas * np.sqrt(var)
+    return flags
+
+
+def spike_score(losses, window: int, sigmas: float) -> float:
+    """Fraction of the scored steps (those with a full window before them) that spike."""
+    n_scored = len(losses) - window
+    return float(spike_flags(losses, window, sigmas).sum() / n_scored) if n_scored > 0 else 0.0

@@ -1,0 +1,156 @@
+"""Bad input stops the run with one clear line naming the file; invalid UTF-8 is repaired and counted."""
+import re
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+import train as train_cli
+from andrea_jax import config as config_lib
+from andrea_jax.data import pipeline, tokenizer as tok_lib
+from andrea_jax.data.errors import DataError, DataWarning
+
+SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
+
+
+@pytest.fixture(scope="module")
+def tok_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok_lib.train([SHAKESPEARE[:100_000]], 300).save(str(path))
+    return path
+
+
+def prepare(tmp_path, tok_path, path, seq_len=8, **kw):
+    cfg = config_lib.DataConfig(source="files", path=str(path), tokenizer=str(tok_path), **kw)
+    return pipeline.prepare(cfg, vocab_size=300, seq_len=seq_len, cache_dir=tmp_path / "cache")
+
+
+def fails(tmp_path, tok_path, path, message, **kw):
+    with pytest.raises(DataError) as info:
+        prepare(tmp_path, tok_path, path, **kw)
+    text = str(info.value)
+    assert "\n" not in text
+    assert re.search(message, text), text
+    return text
+
+
+def test_missing_path(tmp_path, tok_path):
+    fails(tmp_path, tok_path, tmp_path / "nowhere", rf"data.path '{tmp_path}/nowhere': no such file or folder")
+    fails(tmp_path, tok_path, tmp_path / "*.jsonl", rf"data.path '{tmp_path}/\*.jsonl' matches no files")
+    (tmp_path / "empty_folder").mkdir()
+    fails(tmp_path, tok_path, tmp_path / "empty_folder",
+          rf"folder {tmp_path}/empty_folder holds no .txt or .jsonl files")
+    (tmp_path / "data.csv").write_text("a,b\n")
+    fails(tmp_path, tok_path, tmp_path / "data.csv", rf"{tmp_path}/data.csv: not a .txt or .jsonl file")
+
+
+def test_empty_corpus(tmp_path, tok_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "a.txt").write_text("")
+    fails(tmp_path, tok_path, tmp_path / "one", rf"corpus file {tmp_path}/one/a.txt is empty")
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "a.txt").write_text("  \n\n ")
+    (tmp_path / "two" / "b.jsonl").write_text('{"text": ""}\n\n')
+    fails(tmp_path, tok_path, tmp_path / "two", rf"corpus of 2 files \({tmp_path}/two/a.txt, ...\) is empty")
+
+
+def test_corpus_shorter_than_one_window(tmp_path, tok_path):
+    (tmp_path / "short.txt").write_text("To be, or not to be.")
+    fails(tmp_path, tok_path, tmp_path / "short.txt",
+          rf"the training part of corpus {tmp_path}/short.txt has \d+ tokens, fewer than one window of "
+          r"model.seq_len \+ 1 = 65", seq_len=64)
+
+
+def test_too_small_for_the_tokenizer_names_the_corpus(tmp_path):
+    (tmp_path / "small.txt").write_text("ab ab ab")
+    cfg = config_lib.DataConfig(source="files", path=str(tmp_path / "small.txt"))
+    with pytest.raises(DataError, match=rf"corpus {tmp_path}/small.txt: the corpus yields only \d+ BPE merges"):
+        pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+
+
+def test_binary_file(tmp_path, tok_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text(SHAKESPEARE[:5000])
+    (tmp_path / "corpus" / "model.txt").write_bytes(b"PK\x03\x04" + bytes(range(256)) * 4)
+    fails(tmp_path, tok_path, tmp_path / "corpus",
+          rf"{tmp_path}/corpus/model.txt is a binary file \(NUL byte at offset 4\)")
+    (tmp_path / "lines.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "bad\x00"}\n')
+    fails(tmp_path, tok_path, tmp_path / "lines.jsonl",
+          rf"{tmp_path}/lines.jsonl is a binary file \(NUL byte at offset 30\)")
+
+
+def test_jsonl_line_without_text(tmp_path, tok_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "fine"}\n{"title": "no text", "body": "x"}\n')
+    fails(tmp_path, tok_path, tmp_path / "a.jsonl",
+          rf"{tmp_path}/a.jsonl line 2: the record has no 'text' field \(it has: title, body\)")
+    (tmp_path / "b.jsonl").write_text('{"text": "fine"}\n\n{"text": 3}\n')
+    fails(tmp_path, tok_path, tmp_path / "b.jsonl", rf"{tmp_path}/b.jsonl line 3: 'text' is a int, not a string")
+    (tmp_path / "c.jsonl").write_text('{"text": "fine"}\n{"text": "cut off\n')
+    fails(tmp_path, tok_path, tmp_path / "c.jsonl", rf"{tmp_path}/c.jsonl line 2: not valid JSON")
+
+
+def test_invalid_utf8_is_replaced_and_counted_never_a_crash(tmp_path, tok_path):
+    (tmp_path / "corpus").mkdir()
+    good = SHAKESPEARE[:3000]
+    (tmp_path / "corpus" / "a.txt").write_bytes(good.encode() + b" caf\xe9 \xff\xfe end \xef\xbf\xbd")
+    (tmp_path / "corpus" / "b.jsonl").write_bytes(b'{"text": "ok \xc3"}\n')
+    with pytest.warns(DataWarning) as record:
+        corpus = prepare(tmp_path, tok_path, tmp_path / "corpus")
+    messages = sorted(str(w.message) for w in record)
+    # The genuine U+FFFD (ef bf bd) at the end is text, not an error: 3 replacements in a.txt.
+    assert messages == [f"{tmp_path}/corpus/a.txt: 3 invalid UTF-8 sequence(s) replaced by U+FFFD",
+                        f"{tmp_path}/corpus/b.jsonl: 1 invalid UTF-8 sequence(s) replaced by U+FFFD"]
+    tok = tok_lib.load(tok_path)
+    stream = np.concatenate([corpus.train_tokens, corpus.val_tokens])
+    assert tok_lib.decode(tok, stream) == (good + " caf\ufffd \ufffd\ufffd end \ufffd<|endoftext|>"
+                                           "ok \ufffd<|endoftext|>")
+
+
+def test_tfds_dataset_not_prepared_says_how_and_where(tmp_path, monkeypatch):
+    cfg = config_lib.DataConfig(source="tfds", tfds_name="lm1b", data_dir=str(tmp_path / "tfds"),
+                                tfds_download=False)
+    with pytest.raises(DataError) as info:
+        pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+    text = str(info.value)
+    assert "\n" not in text
+    assert f"TFDS dataset 'lm1b' is not prepared in data_dir {tmp_path}/tfds (looked in {tmp_path}/tfds/lm1b/" in text
+    assert "data.tfds_download is off" in text
+    assert f"`tfds build lm1b --data_dir {tmp_path}/tfds --file_format array_record`" in text
+
+    # With downloads on and no network (simulated, so that a machine with network downloads nothing).
+    def no_network(self, *args, **kwargs):
+        raise ConnectionError("Failed to resolve storage.googleapis.com\nmore detail")
+
+    monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_network)
+    with pytest.raises(DataError, match=r"and downloading it failed \(ConnectionError: Failed to resolve "
+                                        r"storage.googleapis.com\): prepare it where there is network"):
+        pipeline.prepare(config_lib.DataConfig(source="tfds", tfds_name="lm1b", data_dir=str(tmp_path / "tfds")),
+                         vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+
+    with pytest.raises(DataError, match=rf"TFDS dataset 'no_such_dataset_xyz' has no builder here and no "
+                                        rf"prepared copy in data_dir {tmp_path}/tfds: prepare it"):
+        pipeline.prepare(config_lib.DataConfig(source="tfds", tfds_name="no_such_dataset_xyz",
+                                               data_dir=str(tmp_path / "tfds")),
+                         vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+
+
+def test_data_error_is_one_line_and_exit_1_from_train_py(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    rc = train_cli.main(["--config", "tiny", "--workdir", str(tmp_path / "run"),
+                         "--set", "data.source=files", "--set", f"data.path={tmp_path}/missing"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err == f"error: data.path '{tmp_path}/missing': no such file or folder\n"
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["data.source=web"], "data.source: unknown source 'web'; known: embedded, files, tfds"),
+    (["data.source=files"], "data.path: data.source=files needs a folder, file or glob"),
+    (["data.path=/x"], "data.path: is only read with data.source=files, not 'embedded'"),
+    (["data.source=tfds"], "data.tfds_name: data.source=tfds needs a TFDS dataset name"),
+    (["data.tfds_val_split=test"], "data.tfds_val_split: is only read with data.source=tfds"),
+    (["data.source=tfds", "data.tfds_name=lm1b", "data.tfds_split="], "data.tfds_split: must name the split"),
+])
+def test_config_checks_name_the_data_key(sets, message):
+    with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+        config_lib.validate(config_lib.override(config_lib.load("tiny"), sets))

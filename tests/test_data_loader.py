@@ -1,0 +1,111 @@
+"""The grain loader: packed windows, per-process shares of each epoch, and resumable state.
+
+The token array is arange(N), so every window says where it came from: window w starts with w*T.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from andrea_jax.data import loader
+from andrea_jax.data.errors import DataError
+
+T = 4
+N_TOKENS = 37 * T + 1            # 37 windows: not a multiple of the batch, so batches straddle epochs
+TOKENS = np.arange(N_TOKENS, dtype=np.uint32)
+
+
+def window_ids(batch):
+    assert batch.shape[1] == T + 1
+    np.testing.assert_array_equal(batch, batch[:, :1] + np.arange(T + 1))  # each row is one whole window
+    return (batch[:, 0] // T).tolist()
+
+
+def batches(global_batch, seed=0, process_index=0, process_count=1):
+    return loader.train_dataset(TOKENS, seq_len=T, global_batch=global_batch, seed=seed,
+                                process_index=process_index, process_count=process_count)
+
+
+@pytest.mark.parametrize("process_count", [2, 4])
+def test_shares_are_disjoint_and_together_read_every_window_of_each_epoch_once(process_count):
+    n, global_batch, steps = 37, 8, 14
+    shares = [batches(global_batch, process_index=p, process_count=process_count)
+              for p in range(process_count)]
+    single = batches(global_batch)
+    stream = []
+    for k in range(steps):
+        rows = [window_ids(share[k]) for share in shares]
+        assert all(len(r) == global_batch // process_count for r in rows)
+        flat = [w for r in rows for w in r]
+        assert len(set(flat)) == len(flat), f"batch {k}: shares overlap"
+        assert flat == window_ids(single[k])  # the same global batch as one process would read
+        stream += flat
+    epochs = [stream[e * n:(e + 1) * n] for e in range(len(stream) // n)]
+    assert len(epochs) == 3
+    for epoch in epochs:
+        assert sorted(epoch) == list(range(n))
+    assert epochs[0] != epochs[1] != epochs[2]  # reshuffled every epoch
+    assert epochs[0] != list(range(n))          # shuffled at all
+
+
+def test_the_shuffle_is_seeded():
+    assert window_ids(batches(8, seed=3)[0]) == window_ids(batches(8, seed=3)[0])
+    assert [window_ids(batches(8, seed=3)[k]) for k in range(4)] != \
+        [window_ids(batches(8, seed=4)[k]) for k in range(4)]
+
+
+def test_restoring_the_state_continues_with_the_identical_next_batch(tmp_path):
+    fingerprint = loader.state_fingerprint(tokens_key="k", n_tokens=N_TOKENS, seq_len=T, global_batch=8, seed=1)
+    it = loader.train_iterator(batches(8, seed=1))
+    for _ in range(6):
+        next(it)
+    loader.save_state(it, tmp_path / "state.json", fingerprint)
+    json.loads((tmp_path / "state.json").read_text())  # plain JSON
+    expected = [next(it) for _ in range(5)]
+
+    again = loader.train_iterator(batches(8, seed=1))
+    loader.restore_state(again, tmp_path / "state.json", fingerprint)
+    for want in expected:
+        np.testing.assert_array_equal(next(again), want)
+
+    # On another process count with the same global batch: the processes' rows of the next batch
+    # are exactly the rows one process would have read.
+    for count in (2, 4):
+        shares = [loader.train_iterator(batches(8, seed=1, process_index=p, process_count=count))
+                  for p in range(count)]
+        for share in shares:
+            loader.restore_state(share, tmp_path / "state.json", fingerprint)
+        for want in expected:
+            np.testing.assert_array_equal(np.concatenate([next(s) for s in shares]), want)
+
+
+def test_a_state_from_other_data_or_batching_is_refused_by_name(tmp_path):
+    saved = loader.state_fingerprint(tokens_key="k", n_tokens=N_TOKENS, seq_len=T, global_batch=8, seed=1)
+    it = loader.train_iterator(batches(8, seed=1))
+    next(it)
+    loader.save_state(it, tmp_path / "state.json", saved)
+    now = dict(saved, global_batch=16)
+    with pytest.raises(DataError,
+                       match=r"state\.json belongs to other data or batching \(global_batch: saved 8, now 16\)"):
+        loader.restore_state(loader.train_iterator(batches(16, seed=1)), tmp_path / "state.json", now)
+    with pytest.raises(DataError, match="missing.json does not exist"):
+        loader.restore_state(it, tmp_path / "missing.json", saved)
+
+
+def test_validation_batches_are_fixed_windows_in_order_split_per_process():
+    val = loader.val_batches(TOKENS, seq_len=T, global_batch=8, max_batches=3)
+    assert [window_ids(b) for b in val] == [list(range(0, 8)), list(range(8, 16)), list(range(16, 24))]
+    halves = [loader.val_batches(TOKENS, seq_len=T, global_batch=8, max_batches=3, process_index=p,
+                                 process_count=2) for p in range(2)]
+    for k in range(3):
+        assert window_ids(halves[0][k]) + window_ids(halves[1][k]) == window_ids(val[k])
+    # Fewer windows than the batches asked for: the last batch is smaller, never padded.
+    short = loader.val_batches(TOKENS[: 10 * T + 1], seq_len=T, global_batch=8, max_batches=3)
+    assert [window_ids(b) for b in short] == [list(range(8)), [8, 9]]
+
+
+def test_too_few_windows_for_one_batch_says_so():
+    with pytest.raises(DataError, match=r"37 windows of seq_len \+ 1 = 5, fewer than one batch of train.batch_size=64"):
+        batches(64)
+    with pytest.raises(DataError, match="train.batch_size=8 is not divisible by the 3 processes"):
+        batches(8, process_count=3)

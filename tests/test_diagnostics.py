@@ -1,0 +1,170 @@
+"""Per-layer diagnostics from the scan against an unscanned loop, per-layer gradient norms against
+autodiff of that loop, the spike score against a brute-force count, and the trainer's logging."""
+import dataclasses
+import json
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import _ref_blocks as ref
+from andrea_jax import config as config_lib
+from andrea_jax import diagnostics, model as model_lib, trainer
+from andrea_jax.config import ModelConfig
+
+SMALL = ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=4, n_head=4)
+
+
+def perturbed_params(cfg, seed=0):
+    params = model_lib.init(cfg, jax.random.key(seed))["params"]
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    return jax.tree.unflatten(tree, [p + 0.1 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+
+
+@pytest.mark.parametrize("norm,gates", [("pre", "none"), ("post", "none"), ("sandwich", "none"),
+                                        ("deepnorm", "none"), ("lns", "learned")])
+def test_scan_statistics_equal_an_unscanned_loop(norm, gates):
+    cfg = dataclasses.replace(SMALL, norm=norm, gates=gates)
+    params = perturbed_params(cfg)
+    tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, cfg.vocab_size)
+    alphas = jnp.array([0.1, 1.0, 0.6, 0.35])
+    logits, stats = jax.jit(model_lib.Andrea(cfg, diagnostics=True).apply)({"params": params}, tokens, alphas)
+    want_logits, want = jax.jit(ref.forward, static_argnums=(0, 4))(norm, params, tokens, alphas, cfg.n_head)
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-4, atol=1e-4)
+    # Asking for diagnostics does not change the forward pass.
+    np.testing.assert_allclose(logits, model_lib.Andrea(cfg).apply({"params": params}, tokens, alphas),
+                               rtol=1e-6, atol=1e-6)
+    for key in ("resid_rms", "attn_ratio", "mlp_ratio"):
+        assert stats[key].shape == (cfg.n_layer,), key
+        np.testing.assert_allclose(stats[key], want[key], rtol=1e-4, err_msg=key)
+    gate = params["blocks"]["residual_gate"] if gates == "learned" else 1.0
+    np.testing.assert_allclose(stats["alpha"], alphas * gate, rtol=1e-6)
+
+
+def small_config(**model_changes):
+    cfg = config_lib.Config()
+    return dataclasses.replace(
+        cfg, model=dataclasses.replace(SMALL, **model_changes),
+        prores=config_lib.ProResConfig(schedule="fix_sqrt_l"),  # distinct alphas from step 0
+        train=dataclasses.replace(cfg.train, steps=10, batch_size=2))
+
+
+def test_layer_gradient_norms_equal_autodiff_of_the_loop(norm="pre"):
+    cfg = small_config(norm=norm)
+    mesh = trainer.make_mesh()
+    state = trainer.create_state(cfg, jax.random.key(0), mesh)
+    state = state.replace(params=jax.device_put(perturbed_params(cfg.model), jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec())))
+    tokens = jax.random.randint(jax.random.key(4), (2, 13), 0, cfg.model.vocab_size)
+    L = cfg.model.n_layer
+    alphas = 1.0 / np.sqrt(np.arange(1, L + 1))
+
+    def loop_loss(layer_params, rest):
+        params = {**rest, "blocks": jax.tree.map(lambda *v: jnp.stack(v), *layer_params)}
+        logits, _ = ref.forward(norm, params, tokens[:, :-1], alphas, cfg.model.n_head)
+        return trainer.cross_entropy(logits, tokens[:, 1:])
+
+    params = jax.tree.map(jnp.array, state.params)
+    layer_params = [jax.tree.map(lambda v: v[l], params["blocks"]) for l in range(L)]
+    rest = {k: v for k, v in params.items() if k != "blocks"}
+    grads = jax.jit(jax.grad(loop_loss))(layer_params, rest)
+    want = [np.sqrt(sum(float(jnp.sum(g ** 2)) for g in jax.tree.leaves(gl))) for gl in grads]
+
+    plain_step = trainer.make_train_step(cfg, mesh)
+    diag_step = trainer.make_train_step(cfg, mesh, with_diagnostics=True)
+    copy = lambda s: jax.tree.map(jnp.array, s)  # the steps donate their input state
+    plain_state, plain = plain_step(copy(state), tokens)
+    diag_state, metrics = diag_step(copy(state), tokens)
+    np.testing.assert_allclose(metrics["layer_grad_norm"], want, rtol=1e-4)
+    np.testing.assert_allclose(metrics["alpha"], alphas, rtol=1e-6)
+    assert len(set(np.round(np.asarray(metrics["layer_grad_norm"]), 6))) == L  # not one number L times
+    # The diagnostic step makes the same update as the ordinary one.
+    np.testing.assert_allclose(metrics["loss"], plain["loss"], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(diag_state.params), jax.tree.leaves(plain_state.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert set(plain) == {"loss", "grad_norm", "lr"}  # ordinary steps carry no diagnostics
+
+
+def test_layer_norms_of_a_stacked_tree():
+    tree = {"a": jnp.arange(6.0).reshape(3, 2), "b": {"c": jnp.ones((3, 2, 2))}}
+    want = [np.sqrt(0 + 1 + 4), np.sqrt(4 + 9 + 4), np.sqrt(16 + 25 + 4)]
+    np.testing.assert_allclose(diagnostics.layer_norms(tree), want, rtol=1e-6)
+
+
+def brute_force_spikes(losses, window, sigmas):
+    flags = []
+    for i in range(len(losses)):
+        if i < window:
+            flags.append(False)
+            continue
+        prev = np.asarray(losses[i - window:i])
+        flags.append(losses[i] > prev.mean() + sigmas * prev.std())
+    return np.array(flags)
+
+
+def test_spike_score_counts_upward_excursions_against_the_rolling_window():
+    rng = np.random.default_rng(0)
+    losses = 5.0 - np.linspace(0, 1, 400) + 0.01 * rng.standard_normal(400)
+    # Two adjacent spikes (the second judged with the first in its window) and one more.
+    losses[[150, 151, 300]] += 2.0
+    losses[200] -= 2.0                 # a sudden drop is not a spike
+    flags = diagnostics.spike_flags(losses, window=50, sigmas=6.0)
+    np.testing.assert_array_equal(flags, brute_force_spikes(losses, 50, 6.0))
+    assert list(np.flatnonzero(flags)) == [150, 151, 300]
+    assert diagnostics.spike_score(losses, 50, 6.0) == pytest.approx(3 / 350)
+    assert diagnostics.spike_score(losses[:50], 50, 6.0) == 0.0  # nothing to score yet
+    noisy = 10 * rng.standard_normal(300)
+    np.testing.assert_array_equal(diagnostics.spike_flags(noisy, 20, 1.5), brute_force_spikes(noisy, 20, 1.5))
+
+
+def test_trainer_logs_diagnostics_to_jsonl_and_tensorboard(tmp_path):
+    cfg = config_lib.load("tiny")
+    cfg = config_lib.override(cfg, [
+        "model.d_model=32", "model.n_layer=3", "model.n_head=2", "model.seq_len=32",
+        "train.steps=6", "train.batch_size=4", "train.log_every=3", "train.eval_every=0",
+        "train.eval_batches=1", "train.sample_tokens=0", "prores.warmup=2",
+        "diagnostics.every=2", "diagnostics.spike_window=2"])
+    log = trainer.train(config_lib.validate(cfg), tmp_path, show_progress=False)
+    lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == log
+    assert [l["step"] for l in lines] == [1, 2, 3, 4, 6]
+    diag = [l for l in lines if "resid_rms" in l]
+    assert [l["step"] for l in diag] == [1, 2, 4, 6]
+    for l in diag:
+        for key in diagnostics.PER_LAYER:
+            assert len(l[key]) == 3 and all(np.isfinite(l[key])), key
+    # alpha logged is the schedule's alpha at the step the forward pass saw (t = step - 1).
+    assert diag[0]["alpha"] == [0.0, 0.0, 0.0]
+    np.testing.assert_allclose(diag[1]["alpha"], [0.5, 0.25, 1 / 6], rtol=1e-6)
+    assert diag[0]["layer_grad_norm"] == [0.0, 0.0, 0.0]  # alpha = 0: zero block gradients
+    assert "spike_score" in lines[-1] and 0.0 <= lines[-1]["spike_score"] <= 1.0
+    assert np.load(tmp_path / "step_losses.npy").shape == (6,)
+
+    scalars = read_tensorboard_scalars(tmp_path / "tb")
+    want_tags = {"loss", "resid_rms/layer_001", "resid_rms/layer_003", "layer_grad_norm/max", "alpha/layer_002"}
+    assert want_tags <= set(scalars)
+    assert [s for s, _ in scalars["resid_rms/layer_002"]] == [1, 2, 4, 6]
+    np.testing.assert_allclose([v for _, v in scalars["resid_rms/layer_002"]],
+                               [l["resid_rms"][1] for l in diag], rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in scalars["loss"]], [l["loss"] for l in lines], rtol=1e-6)
+
+
+def read_tensorboard_scalars(folder):
+    """{tag: [(step, value)]} from the TFRecord event files (length, crc, Event proto, crc)."""
+    from tensorboardX.proto import event_pb2
+
+    files = sorted(folder.glob("events.out.tfevents.*"))
+    assert files, f"no event files in {folder}"
+    scalars = {}
+    for path in files:
+        data, i = path.read_bytes(), 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
