@@ -1,104 +1,26 @@
-"""The train state, the jitted train step (ProRes alphas computed inside from `state.step`),
-evaluation, and the loop with its logging. The only module that knows about time.
+"""The training loop: data, the jitted steps of andrea_jax.steps, evaluation, logging, checkpoints
+and resuming. The only module that knows about time.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from flax.training import train_state
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from andrea_jax import checkpoint, diagnostics as diag_lib, generate, model as model_lib, optim, prores
+from andrea_jax import checkpoint, diagnostics as diag_lib, generate
 from andrea_jax.config import Config
 from andrea_jax.data import pipeline
+from andrea_jax.steps import create_state, evaluate, make_eval_step, make_mesh, make_train_step, step_alphas
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (a non-finite loss): the message says at which step."""
-
-
-def cross_entropy(logits_BTV, targets_BT):
-    """Mean next-token cross-entropy with a float32 log-softmax."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT).mean()
-
-
-def loss_fn(params, model, tokens_BT1, alphas_L):
-    logits = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L)
-    return cross_entropy(logits, tokens_BT1[:, 1:])
-
-
-def loss_and_stats(params, model, tokens_BT1, alphas_L):
-    """loss_fn of a model built with diagnostics=True: (loss, per-layer stats of the scan)."""
-    logits, stats_L = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L)
-    return cross_entropy(logits, tokens_BT1[:, 1:]), stats_L
-
-
-def step_alphas(cfg: Config, step):
-    return prores.alphas(step, cfg.model.n_layer, schedule=cfg.prores.schedule, warmup=cfg.prores.warmup)
-
-
-def create_state(cfg: Config, rng, mesh: jax.sharding.Mesh) -> train_state.TrainState:
-    """A fresh train state, replicated over the mesh (placed as the jitted step will return it)."""
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl)
-    params = model_lib.init(cfg.model, rng, cfg.kernels.impl)["params"]
-    state = train_state.TrainState.create(apply_fn=model.apply, params=params,
-                                          tx=optim.make(cfg.optim, cfg.train.steps))
-    # A strongly typed int32 step on the mesh, as the jitted step returns it: no retrace on call 2.
-    return jax.device_put(state.replace(step=jnp.zeros((), jnp.int32)), NamedSharding(mesh, P()))
-
-
-def make_mesh() -> jax.sharding.Mesh:
-    """A 1-D data-parallel mesh over every device: the batch is split, the state replicated."""
-    # Auto axes: jit places the arrays by the shardings given; no sharding-in-types bookkeeping.
-    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-
-
-def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: bool = False):
-    """The jitted update. `with_diagnostics` compiles a second version of the same update that
-    also returns, per layer [L], the scan's statistics (andrea_jax.model.Block), the gradient norm
-    of the block's parameters and the effective alpha; the loop calls it every
-    `diagnostics.every` steps, so ordinary steps compute none of them."""
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, diagnostics=with_diagnostics)
-    schedule = optim.lr_schedule(cfg.optim, cfg.train.steps)
-
-    def train_step(state, tokens_BT1):
-        alphas_L = step_alphas(cfg, state.step)  # inside jit: a new step never recompiles
-        if with_diagnostics:
-            (loss, stats_L), grads = jax.value_and_grad(loss_and_stats, has_aux=True)(
-                state.params, model, tokens_BT1, alphas_L)
-        else:
-            loss, grads = jax.value_and_grad(loss_fn)(state.params, model, tokens_BT1, alphas_L)
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
-        if with_diagnostics:
-            metrics |= {**stats_L, "layer_grad_norm": diag_lib.layer_norms(grads["blocks"])}
-        return state.apply_gradients(grads=grads), metrics
-
-    replicated = NamedSharding(mesh, P())  # a prefix: the whole state is replicated
-    return jax.jit(train_step, in_shardings=(replicated, NamedSharding(mesh, P("data"))),
-                   out_shardings=(replicated, replicated), donate_argnums=0)
-
-
-def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl)
-
-    def eval_step(params, step, tokens_BT1):
-        return loss_fn(params, model, tokens_BT1, step_alphas(cfg, step))
-
-    return jax.jit(eval_step, in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P()),
-                                            NamedSharding(mesh, P("data"))))
-
-
-def evaluate(eval_step, params, step, batches) -> float:
-    return float(np.mean([float(eval_step(params, step, b)) for b in batches]))
 
 
 def _metric_line(step: int, metrics) -> dict:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from andrea_jax import config as config_lib, model as model_lib, trainer  # noqa: E402
+from andrea_jax import config as config_lib, model as model_lib, steps  # noqa: E402
 
 
 def main(argv=None):
@@ -35,9 +35,9 @@ def main(argv=None):
     cfg = config_lib.load(args.config)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=args.batch))
     cfg = config_lib.validate(config_lib.override(cfg, args.set))
-    mesh = trainer.make_mesh()
-    state = trainer.create_state(cfg, jax.random.key(0), mesh)
-    step = trainer.make_train_step(cfg, mesh)
+    mesh = steps.make_mesh()
+    state = steps.create_state(cfg, jax.random.key(0), mesh)
+    step = steps.make_train_step(cfg, mesh)
     S = cfg.model.seq_len
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, cfg.model.vocab_size, (args.batch, S + 1), dtype=np.int32) for _ in range(4)]

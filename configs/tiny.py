@@ -1,7 +1,7 @@
 """A tiny ANDREA that trains visibly in a few minutes on 2 CPU cores (the README's main job).
 
 4 blocks of width 128 with the full 8449-token BPE; ProRes linear with T = 25, so every block is
-fully on after 100 of the 300 steps.
+fully on after 100 of the 600 steps.
 """
 from andrea_jax.config import (Config, DataConfig, ModelConfig, OptimConfig, ProResConfig,
                                TrainConfig)
@@ -12,8 +12,8 @@ def get_config() -> Config:
         model=ModelConfig(vocab_size=8449, seq_len=128, d_model=128, n_layer=4, n_head=4),
         prores=ProResConfig(schedule="linear", warmup=25),
         optim=OptimConfig(lr=3e-3, schedule="cosine", warmup_steps=30),
-        train=TrainConfig(steps=300, batch_size=16, log_every=10, eval_every=100, eval_batches=4,
-                          checkpoint_every=100,
+        train=TrainConfig(steps=600, batch_size=16, log_every=10, eval_every=100, eval_batches=4,
+                          checkpoint_every=200,
                           sample_tokens=120),
         data=DataConfig(source="embedded"),
     )

@@ -267,7 +267,7 @@ def reading(summary: dict, runs_by_arm: dict, per_run: dict) -> list[str]:
         diff = p["mean"] - b["mean"]
         spread = max(b["std"], p["std"])
         separated = p["max"] < b["min"] or b["max"] < p["min"]
-        verdict = ("ProRes lower" if diff < 0 else "ProRes higher")
+        verdict = ("Level to 3 decimals" if abs(diff) < 5e-4 else "ProRes lower" if diff < 0 else "ProRes higher")
         ranges = ("one seed per arm: no spread to judge by" if min(b["n"], p["n"]) < 2 else
                   f"largest seed std {spread:.3f}; the seed ranges {'do not overlap' if separated else 'overlap'}")
         out.append(
@@ -310,7 +310,7 @@ def supplement_section(docs: pathlib.Path, name: str) -> list[str]:
         return [f"(Supplement `{name}`: no {path.name} yet.)", ""]
     data = json.loads(path.read_text())
     out = [f"### Supplement: {data['setup']}", "",
-           f"Report: [{data['report']}]({data['report']}).", "",
+           f"Report, with its figures and the command that trains it: [{data['report']}]({data['report']}).", "",
            "| arm | runs finished | final val loss | spike score | max residual RMS | final RMS L / 1 |",
            "|---|---|---|---|---|---|"]
     for arm, s in data["arms"].items():
@@ -377,8 +377,6 @@ def write_report(path: pathlib.Path, summary: dict, per_run: dict, runs_by_arm: 
     notes = args.notes.read_text().strip() if args.notes and args.notes.is_file() else ""
     lines += ["", "## Reading", "", *([notes, ""] if notes else []),
               "Computed from the table:", "", *reading(summary, runs_by_arm, per_run), ""]
-    for name in args.supplement:
-        lines += supplement_section(args.docs, name)
     lines += [
               "What this does and does not show against the paper (SPEC 2):", "",
               "- Scale. The paper trains 71M-7B Llama-style models on C4 for 100k steps of 512 x 1024 "
@@ -405,8 +403,12 @@ def write_report(path: pathlib.Path, summary: dict, per_run: dict, runs_by_arm: 
               "- Not covered here: the other placements (Sandwich, DeepNorm, LNS), the schedule "
               "ablation (equal / reverse), the depth sweep 12-120 and the downstream evaluations. "
               "The configs exist (`configs/depth_*`, `model.norm`, `prores.schedule`); they need "
-              "more compute than this script's hour.",
-              "", "## Figures", ""]
+              "more compute than this script's hour.", ""]
+    if args.supplement:
+        lines += ["## Supplements", ""]
+    for name in args.supplement:
+        lines += supplement_section(args.docs, name)
+    lines += ["## Figures", ""]
     embedded = [f for f in figures if f.stem in EMBEDDED_FIGURES]
     for f in sorted(embedded, key=lambda f: EMBEDDED_FIGURES.index(f.stem)):
         lines += [f"![{f.stem}]({rel(f)})", ""]

@@ -99,7 +99,7 @@ def check_ops(mesh, spec, lead, label, *, context: bool):
 
 def check_model():
     """The tiny model, trainer-style (explicit 1-D 'data' mesh, batch split), pallas vs xla."""
-    from andrea_jax import model as model_lib, trainer
+    from andrea_jax import model as model_lib, steps
     from configs import tiny
 
     cfg = tiny.get_config().model
@@ -109,7 +109,7 @@ def check_model():
 
     def grads(impl, params, tokens):
         model = model_lib.Andrea(cfg, impl)
-        return jax.value_and_grad(lambda p: trainer.loss_fn(p, model, tokens, alphas))(params)
+        return jax.value_and_grad(lambda p: steps.loss_fn(p, model, tokens, alphas))(params)
 
     loss_x, grads_x = jax.jit(lambda p, t: grads("xla", p, t))(params, tokens)
     # As the trainer builds it: auto axes, batch split over 'data'; the mesh made current with

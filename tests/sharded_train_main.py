@@ -16,7 +16,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AxisType, Mesh  # noqa: E402
 
-from andrea_jax import trainer  # noqa: E402
+from andrea_jax import steps  # noqa: E402
 from andrea_jax.config import Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig  # noqa: E402
 
 CFG = Config(model=ModelConfig(vocab_size=300, seq_len=32, d_model=64, n_layer=3, n_head=4),
@@ -27,8 +27,8 @@ CFG = Config(model=ModelConfig(vocab_size=300, seq_len=32, d_model=64, n_layer=3
 
 
 def run(mesh, batches):
-    state = trainer.create_state(CFG, jax.random.key(0), mesh)
-    step = trainer.make_train_step(CFG, mesh)
+    state = steps.create_state(CFG, jax.random.key(0), mesh)
+    step = steps.make_train_step(CFG, mesh)
     losses, gnorms = [], []
     for batch in batches:
         state, metrics = step(state, batch)
@@ -42,7 +42,7 @@ def main():
     batches = [np.asarray(jax.random.randint(jax.random.key(0), (16, 33), 0, 300), np.int32)] * 4
     one = Mesh(np.array(jax.devices()[:1]), ("data",), axis_types=(AxisType.Auto,))
     losses1, gnorms1, params1, _ = run(one, batches)
-    losses8, gnorms8, params8, hlo8 = run(trainer.make_mesh(), batches)
+    losses8, gnorms8, params8, hlo8 = run(steps.make_mesh(), batches)
     # Same math, per-device partial sums + an all-reduce instead of one sum: float32 rounding only.
     np.testing.assert_allclose(losses8, losses1, rtol=2e-5)
     # Adam divides each gradient element by its own RMS, so a rounding difference in a small

@@ -13,13 +13,6 @@ from andrea_jax.data.errors import DataError, DataWarning
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 
 
-@pytest.fixture(scope="module")
-def tok_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok_lib.train([SHAKESPEARE[:100_000]], 300).save(str(path))
-    return path
-
-
 def prepare(tmp_path, tok_path, path, seq_len=8, **kw):
     cfg = config_lib.DataConfig(source="files", path=str(path), tokenizer=str(tok_path), **kw)
     return pipeline.prepare(cfg, vocab_size=300, seq_len=seq_len, cache_dir=tmp_path / "cache")

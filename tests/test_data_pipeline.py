@@ -14,14 +14,6 @@ from andrea_jax.data import loader, pipeline, pretokenize, tokenizer as tok_lib
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 
 
-@pytest.fixture(scope="module")
-def tok_path(tmp_path_factory):
-    """A small tokenizer (300 tokens) trained once, so most tests need not train their own."""
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok_lib.train([SHAKESPEARE[:100_000]], 300).save(str(path))
-    return path
-
-
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     cache = tmp_path / "cache"

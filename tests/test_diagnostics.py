@@ -11,7 +11,7 @@ import pytest
 
 import _ref_blocks as ref
 from andrea_jax import config as config_lib
-from andrea_jax import diagnostics, model as model_lib, trainer
+from andrea_jax import diagnostics, model as model_lib, steps, trainer
 from andrea_jax.config import ModelConfig
 
 SMALL = ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=4, n_head=4)
@@ -54,8 +54,8 @@ def small_config(**model_changes):
 
 def test_layer_gradient_norms_equal_autodiff_of_the_loop(norm="pre"):
     cfg = small_config(norm=norm)
-    mesh = trainer.make_mesh()
-    state = trainer.create_state(cfg, jax.random.key(0), mesh)
+    mesh = steps.make_mesh()
+    state = steps.create_state(cfg, jax.random.key(0), mesh)
     state = state.replace(params=jax.device_put(perturbed_params(cfg.model), jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec())))
     tokens = jax.random.randint(jax.random.key(4), (2, 13), 0, cfg.model.vocab_size)
@@ -65,7 +65,7 @@ def test_layer_gradient_norms_equal_autodiff_of_the_loop(norm="pre"):
     def loop_loss(layer_params, rest):
         params = {**rest, "blocks": jax.tree.map(lambda *v: jnp.stack(v), *layer_params)}
         logits, _ = ref.forward(norm, params, tokens[:, :-1], alphas, cfg.model.n_head)
-        return trainer.cross_entropy(logits, tokens[:, 1:])
+        return steps.cross_entropy(logits, tokens[:, 1:])
 
     params = jax.tree.map(jnp.array, state.params)
     layer_params = [jax.tree.map(lambda v: v[l], params["blocks"]) for l in range(L)]
@@ -73,8 +73,8 @@ def test_layer_gradient_norms_equal_autodiff_of_the_loop(norm="pre"):
     grads = jax.jit(jax.grad(loop_loss))(layer_params, rest)
     want = [np.sqrt(sum(float(jnp.sum(g ** 2)) for g in jax.tree.leaves(gl))) for gl in grads]
 
-    plain_step = trainer.make_train_step(cfg, mesh)
-    diag_step = trainer.make_train_step(cfg, mesh, with_diagnostics=True)
+    plain_step = steps.make_train_step(cfg, mesh)
+    diag_step = steps.make_train_step(cfg, mesh, with_diagnostics=True)
     copy = lambda s: jax.tree.map(jnp.array, s)  # the steps donate their input state
     plain_state, plain = plain_step(copy(state), tokens)
     diag_state, metrics = diag_step(copy(state), tokens)

@@ -246,7 +246,7 @@ def test_triton_matches_reference(D, rows, dtype):
 
 def test_pallas_model_equals_xla_model_on_tiny_config():
     """The tiny config's widths (D=128, 4 blocks, vocab 8449) on a short batch, both backends."""
-    from andrea_jax import model as model_lib, trainer
+    from andrea_jax import model as model_lib, steps
     from configs import tiny
 
     cfg = tiny.get_config().model
@@ -257,7 +257,7 @@ def test_pallas_model_equals_xla_model_on_tiny_config():
     def run(impl):
         model = model_lib.Andrea(cfg, impl)
         logits = jax.jit(lambda p: model.apply({"params": p}, tokens_BT1[:, :-1], alphas_L))(params)
-        loss, grads = jax.jit(jax.value_and_grad(lambda p: trainer.loss_fn(p, model, tokens_BT1, alphas_L)))(params)
+        loss, grads = jax.jit(jax.value_and_grad(lambda p: steps.loss_fn(p, model, tokens_BT1, alphas_L)))(params)
         return logits, loss, grads
 
     # Full float32 matmuls: on a GPU, TF32 rounding would amplify the kernels' last-bit

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import train
-from andrea_jax import config as config_lib, trainer
+from andrea_jax import config as config_lib, model as model_lib, steps, trainer
 from andrea_jax.config import Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig
 
 SMALL = Config(
@@ -23,9 +23,9 @@ SMALL = Config(
 
 def test_tiny_model_overfits_one_batch():
     cfg = SMALL
-    mesh = trainer.make_mesh()
-    state = trainer.create_state(cfg, jax.random.key(0), mesh)
-    step = trainer.make_train_step(cfg, mesh)
+    mesh = steps.make_mesh()
+    state = steps.create_state(cfg, jax.random.key(0), mesh)
+    step = steps.make_train_step(cfg, mesh)
     batch = np.asarray(jax.random.randint(jax.random.key(1), (4, 33), 0, 300), np.int32)
     losses = []
     for _ in range(cfg.train.steps):
@@ -38,10 +38,10 @@ def test_tiny_model_overfits_one_batch():
 
 
 def test_first_step_sees_alpha_zero_so_blocks_get_no_gradient():
-    state = trainer.create_state(SMALL, jax.random.key(0), trainer.make_mesh())
+    state = steps.create_state(SMALL, jax.random.key(0), steps.make_mesh())
     batch = jax.random.randint(jax.random.key(1), (4, 33), 0, 300)
-    model = trainer.model_lib.Andrea(SMALL.model)
-    grads = jax.grad(trainer.loss_fn)(state.params, model, batch, trainer.step_alphas(SMALL, state.step))
+    model = model_lib.Andrea(SMALL.model)
+    grads = jax.grad(steps.loss_fn)(state.params, model, batch, steps.step_alphas(SMALL, state.step))
     assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(grads["blocks"]))
 
 
