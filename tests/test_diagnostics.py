@@ -33,13 +33,15 @@ def test_scan_statistics_equal_an_unscanned_loop(norm, gates):
     alphas = jnp.array([0.1, 1.0, 0.6, 0.35])
     logits, stats = jax.jit(model_lib.Andrea(cfg, diagnostics=True).apply)({"params": params}, tokens, alphas)
     want_logits, want = jax.jit(ref.forward, static_argnums=(0, 4))(norm, params, tokens, alphas, cfg.n_head)
-    np.testing.assert_allclose(logits, want_logits, rtol=1e-4, atol=1e-4)
+    # float32, the same math in another order (unscanned loop): measured max |diff| 8.3e-7 on
+    # logits of order 1.
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
     # Asking for diagnostics does not change the forward pass.
     np.testing.assert_allclose(logits, model_lib.Andrea(cfg).apply({"params": params}, tokens, alphas),
                                rtol=1e-6, atol=1e-6)
     for key in ("resid_rms", "attn_ratio", "mlp_ratio"):
         assert stats[key].shape == (cfg.n_layer,), key
-        np.testing.assert_allclose(stats[key], want[key], rtol=1e-4, err_msg=key)
+        np.testing.assert_allclose(stats[key], want[key], rtol=1e-5, err_msg=key)  # measured 6.1e-7
     gate = params["blocks"]["residual_gate"] if gates == "learned" else 1.0
     np.testing.assert_allclose(stats["alpha"], alphas * gate, rtol=1e-6)
 
@@ -78,7 +80,7 @@ def test_layer_gradient_norms_equal_autodiff_of_the_loop(norm="pre"):
     copy = lambda s: jax.tree.map(jnp.array, s)  # the steps donate their input state
     plain_state, plain = plain_step(copy(state), tokens)
     diag_state, metrics = diag_step(copy(state), tokens)
-    np.testing.assert_allclose(metrics["layer_grad_norm"], want, rtol=1e-4)
+    np.testing.assert_allclose(metrics["layer_grad_norm"], want, rtol=1e-5)  # measured 1.4e-7
     np.testing.assert_allclose(metrics["alpha"], alphas, rtol=1e-6)
     assert len(set(np.round(np.asarray(metrics["layer_grad_norm"]), 6))) == L  # not one number L times
     # The diagnostic step makes the same update as the ordinary one.
