@@ -43,14 +43,15 @@ def main():
     one = Mesh(np.array(jax.devices()[:1]), ("data",), axis_types=(AxisType.Auto,))
     losses1, gnorms1, params1, _ = run(one, batches)
     losses8, gnorms8, params8, hlo8 = run(steps.make_mesh(), batches)
-    # Same math, per-device partial sums + an all-reduce instead of one sum: float32 rounding only.
-    np.testing.assert_allclose(losses8, losses1, rtol=2e-5)
+    # Same math, per-device partial sums + an all-reduce instead of one sum: float32 rounding only
+    # (measured: losses 1.8e-7, gradient norms 1.5e-7 relative; parameters 3.8e-7 absolute).
+    np.testing.assert_allclose(losses8, losses1, rtol=2e-6)
     # Adam divides each gradient element by its own RMS, so a rounding difference in a small
-    # element moves that element's update by a fraction of lr (measured below 1e-6 at lr 1e-2 after
+    # element moves that element's update by a fraction of lr (measured 3.8e-7 at lr 1e-2 after
     # 4 steps); a real sharding bug moves updates by O(lr) = 1e-2.
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(params8), jax.tree.leaves(params1)):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * CFG.optim.lr, err_msg=jax.tree_util.keystr(path))
-    np.testing.assert_allclose(gnorms8, gnorms1, rtol=1e-5)
+    np.testing.assert_allclose(gnorms8, gnorms1, rtol=2e-6)
     assert losses1[-1] < losses1[0]
     assert "all-reduce" in hlo8, "8-device step has no gradient all-reduce: the batch was not split"
     print("OK sharded == single device", losses1, losses8)
