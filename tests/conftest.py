@@ -10,3 +10,28 @@ def tok_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok_lib.train([pipeline.read_text(pipeline.EMBEDDED_CORPUS)[:100_000]], 300).save(str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, tok_path):
+    """make(*overrides, steps=6) -> the workdir of a short run of a 3-block toy on the embedded
+    corpus, checkpointed every 3 steps; with prores.warmup=4 its alphas at step 6 are
+    [1, 0.75, 0.5] (mid-warmup). Runs are cached per arguments within a test process."""
+    from andrea_jax import config as config_lib, trainer
+
+    made = {}
+
+    def make(*overrides, steps=6):
+        key = (overrides, steps)
+        if key not in made:
+            workdir = tmp_path_factory.mktemp("run")
+            cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), [
+                f"train.steps={steps}", "train.checkpoint_every=3", "train.eval_every=0",
+                "train.sample_tokens=0", "train.batch_size=4", "model.n_layer=3", "model.d_model=32",
+                "model.n_head=4", "model.seq_len=32", "model.vocab_size=300", "prores.warmup=4",
+                f"data.tokenizer={tok_path}", "diagnostics.tensorboard=false", *overrides]))
+            trainer.train(cfg, workdir, show_progress=False)
+            made[key] = workdir
+        return made[key]
+
+    return make

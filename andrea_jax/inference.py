@@ -1,0 +1,201 @@
+"""Loading a run for inference: one function, `load`, behind export, generate, evaluate, the
+lm-eval adapter and the trainer's closing sample.
+
+From a workdir it reads the config the run saved, its tokenizer and the *parameters only* of the
+newest checkpoint (or of `step`): Orbax restores the `params` subtree of the saved train state and
+never reads the optimizer state. From a native export (`andrea_jax.export --format native`) it reads
+safetensors, a JSON config and the tokenizer. Either way the parameters land on the current devices
+(replicated over them) as float32 arrays, and nothing is unpickled.
+
+The native format is defined here, beside its reader: `model.safetensors` holds every parameter
+under its flax path joined by '/', e.g. `blocks/attn_qkv_kernel` [L, D, 3D] (the scan's stacked
+layout), `config.json` the whole config tree plus the step, `tokenizer.json` the BPE.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tokenizers import Tokenizer
+
+from andrea_jax import config as config_lib, model as model_lib, prores
+from andrea_jax.config import Config
+
+NATIVE_WEIGHTS, NATIVE_CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
+NATIVE_FORMAT = "andrea-native-1"
+
+
+class LoadError(RuntimeError):
+    """A run or export that cannot be loaded: one line that names the path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    cfg: Config
+    params: dict           # the model's `params` tree, float32, placed on the current devices
+    tokenizer: Tokenizer
+    step: int              # optimizer updates the parameters have seen (sets the ProRes alphas)
+    source: str            # the checkpoint or export folder it came from
+
+    def alphas(self) -> jnp.ndarray:
+        """alpha(l, step) for l = 1..L under the run's schedule: what the model ran with at `step`."""
+        return prores.alphas(self.step, self.cfg.model.n_layer, schedule=self.cfg.prores.schedule,
+                             warmup=self.cfg.prores.warmup)
+
+    def model(self, impl: str | None = None) -> model_lib.Andrea:
+        return model_lib.Andrea(self.cfg.model, impl or self.cfg.kernels.impl)
+
+
+def config_from_dict(tree: dict, where: str) -> Config:
+    """A validated Config from its `to_dict()` form; unknown keys (from a newer version) are an error."""
+    try:
+        sections = {f.name: f.type for f in dataclasses.fields(Config)}
+        kinds = {name: type(getattr(Config(), name)) for name in sections}
+        cfg = Config(**{name: kinds[name](**tree.get(name, {})) for name in sections})
+        return config_lib.validate(cfg)
+    except (TypeError, config_lib.ConfigError) as e:
+        raise LoadError(f"{where}: not a config of this version of andrea_jax ({e})") from None
+
+
+def _replicated(tree):
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    return jax.device_put(tree, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
+def _restore_params(step_dir: pathlib.Path, cfg: Config):
+    """The `params` subtree of the train state saved in step_dir/state, read alone."""
+    import orbax.checkpoint as ocp
+
+    shapes = model_lib.param_shapes(cfg.model)
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    target = {"params": jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    with ocp.PyTreeCheckpointer() as ckptr:
+        restored = ckptr.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True))
+    return restored["params"]
+
+
+def checkpoint_steps(workdir: pathlib.Path) -> list[int]:
+    """Steps of the complete checkpoints in workdir, oldest first (orbax renames a folder when done)."""
+    root = workdir / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def load_workdir(workdir, step: int | None = None) -> LoadedModel:
+    workdir = pathlib.Path(workdir)
+    if not workdir.is_dir():
+        raise LoadError(f"{workdir}: no such run folder")
+    cfg_path, tok_path = workdir / "config.json", workdir / TOKENIZER
+    for path in (cfg_path, tok_path):
+        if not path.is_file():
+            raise LoadError(f"{path}: missing; {workdir} is not a training run's workdir")
+    cfg = config_from_dict(json.loads(cfg_path.read_text()), str(cfg_path))
+    steps = checkpoint_steps(workdir)
+    if not steps:
+        raise LoadError(f"{workdir / 'checkpoints'}: no checkpoint to load (train with train.checkpoint_every > 0)")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise LoadError(f"{workdir / 'checkpoints' / str(step)}: no such checkpoint; steps kept: "
+                        f"{', '.join(map(str, steps))}")
+    step_dir = workdir / "checkpoints" / str(step)
+    try:
+        params = _restore_params(step_dir, cfg)
+    except Exception as e:  # orbax / tensorstore raise many types; all mean the same to the user
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise LoadError(f"{step_dir}: checkpoint cannot be read ({type(e).__name__}: {reason})") from None
+    return LoadedModel(cfg, params, Tokenizer.from_file(str(tok_path)), step, str(step_dir))
+
+
+def flatten_params(params) -> dict[str, np.ndarray]:
+    """{'blocks/attn_qkv_kernel': array, ...}: flax paths joined by '/', as host float32 arrays."""
+    flat = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        flat["/".join(k.key for k in path)] = np.asarray(jax.device_get(leaf))
+    return flat
+
+
+def unflatten_params(flat: dict[str, np.ndarray]) -> dict:
+    tree: dict = {}
+    for name, value in flat.items():
+        node = tree
+        *parents, leaf = name.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
+def save_native(loaded: LoadedModel, out) -> pathlib.Path:
+    """Writes a native export of `loaded` into folder `out` (every placement; reads back bit-exactly)."""
+    from safetensors.numpy import save_file
+
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(flatten_params(loaded.params), str(out / NATIVE_WEIGHTS),
+              metadata={"format": NATIVE_FORMAT, "step": str(loaded.step)})
+    (out / NATIVE_CONFIG).write_text(json.dumps(
+        {"format": NATIVE_FORMAT, "step": loaded.step, "config": loaded.cfg.to_dict()}, indent=2))
+    loaded.tokenizer.save(str(out / TOKENIZER))
+    return out
+
+
+def load_export(path) -> LoadedModel:
+    """A native export written by `save_native` (a Hugging Face export is for transformers)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = pathlib.Path(path)
+    cfg_path, weights, tok_path = path / NATIVE_CONFIG, path / NATIVE_WEIGHTS, path / TOKENIZER
+    for p in (cfg_path, weights, tok_path):
+        if not p.is_file():
+            raise LoadError(f"{p}: missing; {path} is not a native export of andrea_jax")
+    try:
+        meta = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{cfg_path}: not JSON ({e})") from None
+    if meta.get("format") != NATIVE_FORMAT:
+        hint = " (a Hugging Face export: load it with transformers)" if "model_type" in meta else ""
+        raise LoadError(f"{path}: not a native export of andrea_jax{hint}")
+    cfg = config_from_dict(meta["config"], str(cfg_path))
+    try:
+        flat = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise LoadError(f"{weights}: cannot be read ({e})") from None
+    expected = {"/".join(k.key for k in p): s for p, s in
+                jax.tree_util.tree_flatten_with_path(model_lib.param_shapes(cfg.model))[0]}
+    if set(flat) != set(expected) or any(flat[k].shape != expected[k].shape for k in expected):
+        raise LoadError(f"{weights}: its tensors do not match the model its config describes")
+    params = _replicated(unflatten_params(flat))
+    return LoadedModel(cfg, params, Tokenizer.from_file(str(tok_path)), int(meta["step"]), str(path))
+
+
+def load(*, workdir=None, export=None, step: int | None = None) -> LoadedModel:
+    """The model of a run for inference: from `workdir` (newest checkpoint, or `step`) or `export`."""
+    if (workdir is None) == (export is None):
+        raise ValueError("give exactly one of workdir or export")
+    if export is not None:
+        if step is not None:
+            raise LoadError(f"{export}: an export holds one step; --step is for a workdir")
+        return load_export(export)
+    return load_workdir(workdir, step)
+
+
+def add_source_args(parser) -> None:
+    """--workdir / --export / --step, shared by the command lines of export, generate and evaluate."""
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--workdir", help="a training run's folder (its newest checkpoint unless --step)")
+    group.add_argument("--export", help="a native export folder (andrea_jax.export --format native)")
+    parser.add_argument("--step", type=int, help="the checkpoint step to load from --workdir")
+
+
+def load_from_args(args) -> LoadedModel:
+    return load(workdir=args.workdir, export=getattr(args, "export", None), step=args.step)
