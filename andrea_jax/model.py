@@ -12,6 +12,12 @@ contract. With `Andrea(cfg, diagnostics=True)` the scan also emits per-layer sta
 outputs (ys) and apply returns `(logits, stats)`; the flag is static, so a model without it
 computes none of them. Parameters are float32; activations run in `cfg.dtype`.
 
+Decoding with a KV cache: `apply(variables, tokens_BT, alphas_L, cache=KVCache(...))` writes the
+keys and values of `tokens_BT` into the cache at slot `cache.index` (one [B, S, H, K] slice per
+layer, carried through the same scan as its scanned input and output), attends over every filled
+slot and returns `(logits, (k_LBSHK, v_LBSHK))`. Rows may be left-padded: `cache.positions_BT`
+gives each token's position and `cache.valid_BS` which slots hold real tokens.
+
 Placements are the small functions in `PLACEMENTS`, each a transcription of one row of the
 paper's table, over the sublayers and norms in `_Ops`. Inits (`cfg.init`) are in `_kernel_std`.
 With `cfg.gates == "learned"` each block also owns a trainable scalar g_l (init 0) and uses
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from typing import Callable
 
 import jax
@@ -33,6 +40,35 @@ import kernels
 from andrea_jax.config import NORMS, ModelConfig
 
 OUTPUT_PROJECTIONS = ("attn_out_kernel", "mlp_proj_kernel")
+
+
+class KVCache(typing.NamedTuple):
+    """What one cached forward pass needs besides the tokens (see the module docstring)."""
+    k_LBSHK: jnp.ndarray     # keys of every layer, S = model.seq_len slots
+    v_LBSHK: jnp.ndarray
+    index: jnp.ndarray       # int32 scalar: the slot of tokens_BT[:, 0]; slots index .. index+T-1 are written
+    positions_BT: jnp.ndarray  # int32 position of each token (left padding makes them differ per row)
+    valid_BS: jnp.ndarray    # bool: slots that hold real tokens once this call has written its own
+
+
+def empty_cache(cfg: ModelConfig, batch: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Zeroed (k_LBSHK, v_LBSHK) for `batch` rows, in the compute dtype."""
+    shape = (cfg.n_layer, batch, cfg.seq_len, cfg.n_head, cfg.d_model // cfg.n_head)
+    return jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype)
+
+
+def _cached_attention(q_BTHK, k_BTHK, v_BTHK, k_cache_BSHK, v_cache_BSHK, index, valid_BS):
+    """Writes k, v at slots index.., then attends causally over the valid slots of the cache."""
+    k_cache_BSHK = jax.lax.dynamic_update_slice(k_cache_BSHK, k_BTHK.astype(k_cache_BSHK.dtype), (0, index, 0, 0))
+    v_cache_BSHK = jax.lax.dynamic_update_slice(v_cache_BSHK, v_BTHK.astype(v_cache_BSHK.dtype), (0, index, 0, 0))
+    T, S = q_BTHK.shape[1], k_cache_BSHK.shape[1]
+    query_slot_T1 = (index + jnp.arange(T))[:, None]
+    key_slot_1S = jnp.arange(S)[None, :]
+    # A padded query still sees itself, so that no softmax row is empty (its output is never used).
+    mask_BTS = (key_slot_1S <= query_slot_T1) & (valid_BS[:, None, :] | (key_slot_1S == query_slot_T1))
+    o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_cache_BSHK.astype(q_BTHK.dtype),
+                                          v_cache_BSHK.astype(q_BTHK.dtype), mask=mask_BTS[:, None])
+    return o_BTHK, (k_cache_BSHK, v_cache_BSHK)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +184,12 @@ class Block(nn.Module):
     diagnostics: bool = False
 
     @nn.compact
-    def __call__(self, x_BTD, scanned):
-        alpha, layer = scanned
+    def __call__(self, x_BTD, scanned, decode=None):
+        """scanned: (alpha, l), plus this layer's (k_BSHK, v_BSHK) cache when decoding; decode:
+        None, or (index, valid_BS) shared by every layer. Returns (x, stats), or with a cache
+        (x, (stats, (k_BSHK, v_BSHK))) with the cache slices updated."""
+        alpha, layer = scanned[:2]
+        kv_written = []
         cfg, impl = self.cfg, self.impl
         D, H = cfg.d_model, cfg.n_head
         F = cfg.mlp_ratio * D
@@ -180,7 +220,11 @@ class Block(nn.Module):
             B, T, _ = y_BTD.shape
             qkv_BT3D = y_BTD @ qkv_kernel.astype(dtype) + qkv_bias.astype(dtype)
             q_BTHK, k_BTHK, v_BTHK = (a.reshape(B, T, H, D // H) for a in jnp.split(qkv_BT3D, 3, axis=-1))
-            o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True)
+            if decode is None:
+                o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True)
+            else:
+                o_BTHK, kv = _cached_attention(q_BTHK, k_BTHK, v_BTHK, *scanned[2:], *decode)
+                kv_written.append(kv)
             return o_BTHK.reshape(B, T, D) @ out_kernel.astype(dtype) + out_bias.astype(dtype)
 
         def mlp(y_BTD):
@@ -203,9 +247,11 @@ class Block(nn.Module):
                    layer=layer, n_layer=cfg.n_layer)
         # alpha stays float32 (the kernels take it so); adds outside kernels cast it to the compute dtype.
         x_BTD = PLACEMENTS[cfg.norm](x_BTD, jnp.asarray(alpha, jnp.float32), ops)
-        if not self.diagnostics:
-            return x_BTD, None
-        return x_BTD, {**stats, "resid_rms": _rms(x_BTD), "alpha": jnp.asarray(alpha, jnp.float32)}
+        if self.diagnostics:
+            stats = {**stats, "resid_rms": _rms(x_BTD), "alpha": jnp.asarray(alpha, jnp.float32)}
+        else:
+            stats = None
+        return (x_BTD, stats) if decode is None else (x_BTD, (stats, kv_written[0]))
 
 
 class Andrea(nn.Module):
@@ -214,7 +260,7 @@ class Andrea(nn.Module):
     diagnostics: bool = False  # static: also return the per-layer stats of the scan (see Block)
 
     @nn.compact
-    def __call__(self, tokens_BT, alphas_L):
+    def __call__(self, tokens_BT, alphas_L, cache: KVCache | None = None):
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
         normal = nn.initializers.normal(cfg.init_std)
@@ -226,17 +272,25 @@ class Andrea(nn.Module):
         T = tokens_BT.shape[1]
         if T > cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than model.seq_len={cfg.seq_len}")
-        x_BTD = (tok_embedding_VD[tokens_BT] + pos_embedding_SD[:T]).astype(dtype)
+        positions = pos_embedding_SD[:T] if cache is None else pos_embedding_SD[cache.positions_BT]
+        x_BTD = (tok_embedding_VD[tokens_BT] + positions).astype(dtype)
 
         block = nn.remat(Block, prevent_cse=False) if cfg.remat else Block
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=0, length=cfg.n_layer)
+                        in_axes=(0, nn.broadcast), length=cfg.n_layer)
         layers_L = jnp.arange(1, cfg.n_layer + 1, dtype=jnp.int32)
-        x_BTD, stats_L = stack(cfg, self.impl, self.diagnostics, name="blocks")(
-            x_BTD, (jnp.asarray(alphas_L, jnp.float32), layers_L))
+        scanned = (jnp.asarray(alphas_L, jnp.float32), layers_L)
+        if cache is None:
+            x_BTD, stats_L = stack(cfg, self.impl, self.diagnostics, name="blocks")(x_BTD, scanned, None)
+        else:
+            decode = (jnp.asarray(cache.index, jnp.int32), cache.valid_BS)
+            x_BTD, (stats_L, kv_L) = stack(cfg, self.impl, self.diagnostics, name="blocks")(
+                x_BTD, scanned + (cache.k_LBSHK, cache.v_LBSHK), decode)
 
         y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=self.impl)
         logits_BTV = jnp.einsum("btd,vd->btv", y_BTD, tok_embedding_VD.astype(dtype))
+        if cache is not None:
+            return logits_BTV, kv_L
         return (logits_BTV, stats_L) if self.diagnostics else logits_BTV
 
 
