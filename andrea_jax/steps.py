@@ -78,14 +78,21 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
 
 
 def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
+    """(params, step, tokens_BT1, bytes_per_token_V) -> (mean loss, UTF-8 bytes of the targets)."""
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl)
 
-    def eval_step(params, step, tokens_BT1):
-        return loss_fn(params, model, tokens_BT1, step_alphas(cfg, step))
+    def eval_step(params, step, tokens_BT1, bytes_per_token_V):
+        loss = loss_fn(params, model, tokens_BT1, step_alphas(cfg, step))
+        return loss, bytes_per_token_V[tokens_BT1[:, 1:]].sum()
 
-    return jax.jit(eval_step, in_shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P()),
-                                            NamedSharding(mesh, P("data"))))
+    replicated = NamedSharding(mesh, P())
+    return jax.jit(eval_step, in_shardings=(replicated, replicated, NamedSharding(mesh, P("data")), replicated))
 
 
-def evaluate(eval_step, params, step, batches) -> float:
-    return float(np.mean([float(eval_step(params, step, b)) for b in batches]))
+def evaluate(eval_step, params, step, batches, bytes_per_token_V) -> dict:
+    """val_loss (mean nats per token) and val_bpb (summed nats / ln 2 / UTF-8 bytes of the targets)
+    over equal-sized batches."""
+    losses, n_bytes = zip(*jax.device_get([eval_step(params, step, b, bytes_per_token_V) for b in batches]))
+    n_tokens = sum(b.shape[0] * (b.shape[1] - 1) for b in batches)
+    val_loss = float(np.mean(losses))
+    return {"val_loss": val_loss, "val_bpb": val_loss * n_tokens / (np.log(2.0) * float(np.sum(n_bytes)))}

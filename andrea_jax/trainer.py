@@ -13,10 +13,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from andrea_jax import checkpoint, diagnostics as diag_lib, generate
+from andrea_jax import checkpoint, diagnostics as diag_lib, generate, inference
 from andrea_jax.config import Config
-from andrea_jax.data import pipeline
-from andrea_jax.steps import create_state, evaluate, make_eval_step, make_mesh, make_train_step, step_alphas
+from andrea_jax.data import pipeline, tokenizer as tokenizer_lib
+from andrea_jax.steps import create_state, evaluate, make_eval_step, make_mesh, make_train_step
 
 
 class TrainingError(RuntimeError):
@@ -133,6 +133,7 @@ def train(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = Tru
     diag_every = cfg.diagnostics.every
     diag_step = make_train_step(cfg, mesh, with_diagnostics=True) if diag_every else None
     eval_step = make_eval_step(cfg, mesh)
+    bytes_per_token_V = jax.device_put(tokenizer_lib.bytes_per_token(corpus.tokenizer), NamedSharding(mesh, P()))
     n_params = sum(int(p.size) for p in jax.tree.leaves(state.params))
     tokens_per_step = t_cfg.batch_size * m_cfg.seq_len
     print(f"ANDREA: {n_params:,} parameters, {len(corpus.train_tokens):,} training tokens, "
@@ -168,7 +169,7 @@ def train(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = Tru
                                         f"in {workdir / 'metrics.jsonl'}"
                                         + (f", checkpoints in {ckpt.directory}" if ckpt else ""))
                 if is_eval and val:
-                    line["val_loss"] = evaluate(eval_step, state.params, state.step, val)
+                    line |= evaluate(eval_step, state.params, state.step, val, bytes_per_token_V)
                     bar.write(f"step {step}: loss {line['loss']:.4f}  val_loss {line['val_loss']:.4f}")
                 if is_eval:
                     line["spike_score"] = diag_lib.spike_score(
@@ -187,8 +188,22 @@ def train(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = Tru
                 ckpt.close()
 
         if t_cfg.sample_tokens and jax.process_index() == 0:
-            text = generate.sample_text(cfg, state.params, corpus.tokenizer, step_alphas(cfg, state.step),
-                                        prompt="\n", num_tokens=t_cfg.sample_tokens,
-                                        rng=jax.random.key(t_cfg.seed))
-            print("--- sample ---\n" + text + "\n--------------", flush=True)
+            print("--- sample ---\n" + _closing_sample(cfg, workdir, state, corpus.tokenizer)
+                  + "\n--------------", flush=True)
     return log
+
+
+def _closing_sample(cfg: Config, workdir: pathlib.Path, state, tok) -> str:
+    """Text sampled with the KV-cache sampler from the run as the loader sees it: the final
+    checkpoint where there is one (so the sample is what export and generate will give), else the
+    parameters in memory. Only process 0 samples, so in a multi-process run it takes its local copy
+    of the replicated parameters rather than reading a checkpoint the others would have to join."""
+    if cfg.train.checkpoint_every and jax.process_count() == 1:
+        loaded = inference.load(workdir=workdir)
+    else:
+        local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), state.params)
+        loaded = inference.LoadedModel(cfg, local, tok, int(state.step), str(workdir))
+    prompt = "\n"
+    new = generate.generate(loaded, [tokenizer_lib.encode(tok, prompt)], max_new_tokens=cfg.train.sample_tokens,
+                            temperature=0.8, seed=cfg.train.seed)[0]
+    return prompt + tokenizer_lib.decode(tok, new)

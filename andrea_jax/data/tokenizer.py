@@ -11,6 +11,8 @@ import os
 import pathlib
 from typing import Iterable
 
+import numpy as np
+
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOT = "<|endoftext|>"
@@ -73,3 +75,12 @@ def encode(tok: Tokenizer, text: str) -> list[int]:
 
 def decode(tok: Tokenizer, ids) -> str:
     return tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def bytes_per_token(tok: Tokenizer) -> np.ndarray:
+    """int32 [vocab]: the UTF-8 bytes each token stands for (EOT: 0). Byte-level BPE spells every
+    byte as one character of its alphabet, so a token's string length is its byte count."""
+    n = np.zeros(tok.get_vocab_size(), np.int32)
+    for token, i in tok.get_vocab().items():
+        n[i] = 0 if token == EOT else len(token)
+    return n
