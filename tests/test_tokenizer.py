@@ -58,3 +58,12 @@ def test_cache_returns_the_same_tokenizer(tmp_path):
 def test_too_small_corpus_for_the_vocabulary_fails_clearly():
     with pytest.raises(ValueError, match="BPE merges"):
         tok_lib.train(["ab ab ab"], 8449)
+
+
+def test_bytes_per_token_counts_the_utf8_bytes_of_any_text(tok_path):
+    tok = tok_lib.load(tok_path)
+    counts = tok_lib.bytes_per_token(tok)
+    assert counts[tok_lib.eot_id(tok)] == 0
+    for text in ["plain ascii", "Héllo, wörld — 日本語 ✓\n", "emoji 🙂 and tabs\t"]:
+        ids = tok_lib.encode(tok, text + tok_lib.EOT)
+        assert int(counts[ids].sum()) == len(text.encode("utf-8"))

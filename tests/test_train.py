@@ -88,3 +88,32 @@ def test_nan_loss_stops_with_a_clear_error(tmp_path, capsys):
     assert rc == 1
     assert "non-finite loss" in err and "at step" in err
     assert (tmp_path / "metrics.jsonl").read_text()  # the steps before the failure are kept
+
+
+def test_evaluation_reports_bits_per_byte_of_the_scored_text(tok_path):
+    from andrea_jax.data import pipeline, tokenizer as tok_lib
+    tok = tok_lib.load(tok_path)
+    cfg = SMALL
+    mesh = steps.make_mesh()
+    state = steps.create_state(cfg, jax.random.key(0), mesh)
+    ids = tok_lib.encode(tok, pipeline.read_text(pipeline.EMBEDDED_CORPUS)[:20_000])
+    batches = [np.asarray(ids[i * 4 * 33:(i + 1) * 4 * 33], np.int32).reshape(4, 33) for i in range(3)]
+    got = steps.evaluate(steps.make_eval_step(cfg, mesh), state.params, state.step, batches,
+                         tok_lib.bytes_per_token(tok))
+    # independently: the NLL of every target from the logits, the bytes from the decoded targets' text
+    model = model_lib.Andrea(cfg.model)
+    nll = 0.0
+    for b in batches:
+        logp = jax.nn.log_softmax(model.apply({"params": state.params}, b[:, :-1], steps.step_alphas(cfg, 0)))
+        nll -= float(jnp.take_along_axis(logp, b[:, 1:, None], axis=-1).sum())
+    n_bytes = sum(len(tok_lib.decode(tok, row[1:]).encode("utf-8")) for b in batches for row in b)
+    assert abs(got["val_loss"] - nll / (3 * 4 * 32)) < 1e-5
+    assert abs(got["val_bpb"] - nll / np.log(2) / n_bytes) < 1e-5
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_second():
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert len(readme) == 2 and "train.py --config tiny" in readme[0]
+    assert readme[1] in (root / ".ci" / "run").read_text().splitlines()
