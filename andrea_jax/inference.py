@@ -108,7 +108,7 @@ def load_workdir(workdir, step: int | None = None) -> LoadedModel:
                         f"{', '.join(map(str, steps))}")
     step_dir = workdir / "checkpoints" / str(step)
     try:
-        params = _restore_params(step_dir, cfg)
+        params = _restore_params(step_dir.resolve(), cfg)  # orbax wants an absolute path
     except Exception as e:  # orbax / tensorstore raise many types; all mean the same to the user
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise LoadError(f"{step_dir}: checkpoint cannot be read ({type(e).__name__}: {reason})") from None

@@ -61,3 +61,9 @@ def test_native_export_reads_back_bit_exactly(trained_run, tmp_path):
         assert a.dtype == b.dtype and np.array_equal(a, b)
     with pytest.raises(inference.LoadError, match="not a native export"):
         inference.load(export=trained_run())
+
+
+def test_a_relative_workdir_loads(trained_run, monkeypatch):
+    run = trained_run()
+    monkeypatch.chdir(run.parent)
+    assert inference.load(workdir=run.name).step == 6  # orbax itself takes absolute paths only

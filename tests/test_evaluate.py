@@ -1,0 +1,219 @@
+"""andrea_jax.evaluate: perplexity, bits per byte, strided windows, task scoring and the CLI, each
+checked against a computation done here with a plain forward pass of the model."""
+import functools
+import math
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from andrea_jax import evaluate, inference
+from andrea_jax.data import tokenizer as tok_lib
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SEQ_LEN = 32  # the trained_run toy's context
+
+
+@pytest.fixture(scope="module")
+def loaded(trained_run):
+    return inference.load(workdir=trained_run())
+
+
+def logprobs_of(loaded, ids):
+    """log p(ids[i] | ids[:i]) for i >= 1, and whether ids[i] is the argmax, from one full forward
+    pass of the XLA model (right-padded to seq_len, which a causal model never sees: one compile)."""
+    ids = np.asarray(ids, np.int32)
+    assert 2 <= len(ids) <= SEQ_LEN + 1
+    n = len(ids) - 1
+    padded = np.zeros((1, SEQ_LEN), np.int32)
+    padded[0, :n] = ids[:-1]
+    logits = _forward(loaded.model("xla"), loaded.params, padded, loaded.alphas())
+    logp = np.asarray(jax.nn.log_softmax(logits[0, :n].astype(np.float32), axis=-1))
+    return logp[np.arange(n), ids[1:]], np.argmax(logp, axis=-1) == ids[1:]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(model, params, tokens_BT, alphas_L):
+    return model.apply({"params": params}, tokens_BT, alphas_L)
+
+
+def continuation_ll(loaded, context, continuation):
+    """Summed log p and greediness of `continuation` after `context` (context has no trailing space)."""
+    tok = loaded.tokenizer
+    ctx = tok_lib.encode(tok, context)
+    cont = tok_lib.encode(tok, context + continuation)[len(ctx):]
+    logprob, greedy = logprobs_of(loaded, ctx + cont)
+    return float(logprob[-len(cont):].sum()), bool(greedy[-len(cont):].all())
+
+
+# Documents of the files corpus: `a` trains, `b` and `c` (non-ASCII) are the validation split.
+DOCS = {
+    "a.txt": ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+              "First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\nResolved. resolved.\n"),
+    "b.txt": "MENENIUS:\nWhat work's, my countrymen?",
+    "c.txt": "Señor Müller: ¿qué? ✓ naïve",
+}
+
+
+def test_perplexity_and_bits_per_byte_match_a_direct_computation(loaded, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for name, text in DOCS.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    ids = {name: tok_lib.encode(loaded.tokenizer, text) for name, text in DOCS.items()}
+    val_docs = ["b.txt", "c.txt"]
+    assert all(len(ids[n]) <= SEQ_LEN for n in val_docs)  # one window each: a plain forward scores it
+    # A val_fraction whose tail is exactly documents b and c (each followed by end-of-text).
+    n_total = sum(len(v) + 1 for v in ids.values())
+    n_val = sum(len(ids[n]) + 1 for n in val_docs)
+    tokens = evaluate.data_tokens(loaded, ["data.source=files", f"data.path={folder}",
+                                           f"data.val_fraction={(n_val + 0.5) / n_total}"], "val")
+    assert tokens.tolist() == ids["b.txt"] + [0] + ids["c.txt"] + [0]
+
+    result = evaluate.score_stream(loaded, tokens)
+
+    nll = -sum(logprobs_of(loaded, [0] + ids[n])[0].sum(dtype=np.float64) for n in val_docs)
+    n_tokens = sum(len(ids[n]) for n in val_docs)
+    n_bytes = sum(len(DOCS[n].encode("utf-8")) for n in val_docs)
+    assert n_bytes > sum(len(DOCS[n]) for n in val_docs)  # the non-ASCII text counts bytes, not characters
+    assert (result.documents, result.tokens, result.bytes) == (2, n_tokens, n_bytes)
+    np.testing.assert_allclose(result.perplexity, math.exp(nll / n_tokens), rtol=1e-5)
+    np.testing.assert_allclose(result.bits_per_byte, nll / math.log(2) / n_bytes, rtol=1e-5)
+
+
+def test_bytes_per_token_counts_utf8_bytes(loaded):
+    counts = tok_lib.bytes_per_token(loaded.tokenizer)
+    assert counts[0] == 0  # end-of-text stands for no text
+    for text in ("hello world", "Señor ✓ 東京", "a\n\nb"):
+        assert counts[tok_lib.encode(loaded.tokenizer, text)].sum() == len(text.encode("utf-8"))
+
+
+def test_split_documents_cuts_at_end_of_text():
+    docs = evaluate.split_documents(np.array([5, 6, 0, 7, 0, 0, 8, 9]), 0)
+    assert [d.tolist() for d in docs] == [[5, 6], [7], [8, 9]]
+
+
+def test_a_smaller_stride_gives_each_window_more_context(loaded):
+    text = DOCS["a.txt"] * 2
+    ids = tok_lib.encode(loaded.tokenizer, text)[:80]
+    assert len(ids) == 80 > 2 * SEQ_LEN
+    disjoint = evaluate.rolling_logprobs(loaded, ids)
+    strided = evaluate.rolling_logprobs(loaded, ids, stride=8)
+    assert disjoint.shape == strided.shape == (80,)
+    # The first window (an end-of-text context) is the same; later tokens see different contexts.
+    np.testing.assert_allclose(strided[:SEQ_LEN], disjoint[:SEQ_LEN], rtol=1e-5, atol=1e-6)
+    assert abs(strided.sum() - disjoint.sum()) > 1e-3
+    np.testing.assert_allclose(evaluate.rolling_nll(loaded, ids, 8), -strided.sum(dtype=np.float64), rtol=1e-6)
+    # Token 32 opens the second window: with disjoint windows it sees 1 token of context (lm-eval's
+    # context_len=1), with stride 8 it sees seq_len - stride + 1 = 25 tokens.
+    np.testing.assert_allclose(disjoint[32], logprobs_of(loaded, ids[31:33])[0][-1], rtol=1e-5)
+    np.testing.assert_allclose(strided[32], logprobs_of(loaded, ids[32 - 25:33])[0][-1], rtol=1e-5)
+
+
+def test_encode_pair_moves_trailing_spaces_into_the_continuation(loaded):
+    tok = loaded.tokenizer
+    assert evaluate.encode_pair(tok, "To be or ", "not") == evaluate.encode_pair(tok, "To be or", " not")
+    ctx, cont = evaluate.encode_pair(tok, "To be or", " not")
+    assert ctx + cont == tok_lib.encode(tok, "To be or not")
+    assert evaluate.encode_pair(tok, "", "Hello")[0] == [0]  # empty context: end-of-text
+
+
+def test_loglikelihood_matches_a_direct_computation(loaded):
+    requests = [("ROMEO:\nBut soft", ", what light"), ("KING", " RICHARD"),
+                ("To be", ","), ("x" * 200, " long context is cut from the left")]
+    got = evaluate.loglikelihood(loaded, requests)
+    for (context, continuation), (ll, greedy) in zip(requests[:3], got[:3]):
+        want_ll, want_greedy = continuation_ll(loaded, context, continuation)
+        np.testing.assert_allclose(ll, want_ll, rtol=1e-5)
+        assert greedy == want_greedy
+    ctx, cont = evaluate.encode_pair(loaded.tokenizer, *requests[3])
+    logprob, _ = logprobs_of(loaded, (ctx + cont)[-(SEQ_LEN + 1):])
+    np.testing.assert_allclose(got[3][0], logprob[-len(cont):].sum(), rtol=1e-5)
+
+
+def test_multiple_choice_acc_and_acc_norm(loaded):
+    examples = [evaluate.ChoiceExample("ROMEO:\nJuliet is the", ("sun.", "moon.", "a rose."), 0),
+                evaluate.ChoiceExample("LEAR:\nBlow, winds", ("and crack!", "rage!"), 1),
+                evaluate.ChoiceExample("HAMLET:\nTo be", ("or not", "and sleep"), 0)]
+    lls = [[continuation_ll(loaded, ex.context, " " + c)[0] for c in ex.choices] for ex in examples]
+    acc = np.mean([np.argmax(ll) == ex.label for ex, ll in zip(examples, lls)])
+    acc_norm = np.mean([np.argmax(np.array(ll) / [len(c) for c in ex.choices]) == ex.label
+                        for ex, ll in zip(examples, lls)])
+    got = evaluate.score_task(loaded, examples)
+    assert got["kind"] == "multiple choice" and got["n"] == 3
+    assert (got["acc"], got["acc_norm"]) == pytest.approx((acc, acc_norm))
+
+    # Length normalisation can change the answer: the long choice loses on its sum, wins per character.
+    ex = evaluate.ChoiceExample("c", ("ab", "a much longer choice"), 1)
+    metrics = evaluate.multiple_choice_metrics([ex], [[-4.0, -10.0]])
+    assert (metrics["acc"], metrics["acc_norm"]) == (0.0, 1.0)
+
+
+def test_last_word_accuracy_and_perplexity(loaded):
+    texts = ["ROMEO:\nWhat light breaks", "ALL:\nSpeak, speak", "CITIZEN:\nTo die than to famish"]
+    examples = [evaluate.LastWordExample.from_text(t) for t in texts]
+    assert examples[1] == evaluate.LastWordExample("ALL:\nSpeak,", " speak")
+    results = [continuation_ll(loaded, t.rpartition(" ")[0], " " + t.rpartition(" ")[2]) for t in texts]
+    got = evaluate.score_task(loaded, examples)
+    assert got["kind"] == "last word" and got["n"] == 3
+    assert got["acc"] == pytest.approx(np.mean([g for _, g in results]))
+    assert got["ppl"] == pytest.approx(math.exp(-np.mean([ll for ll, _ in results])), rel=1e-5)
+    assert evaluate.last_word_metrics([(-1.0, True), (-3.0, False)]) == {"acc": 0.5, "ppl": math.exp(2.0), "n": 2}
+
+
+def test_shipped_task_files_parse():
+    mc = evaluate.read_task(REPO / "tasks" / "shakespeare_mc.jsonl")
+    lambada = evaluate.read_task(REPO / "tasks" / "shakespeare_lambada.jsonl")
+    assert 20 <= len(mc) <= 40 and all(isinstance(e, evaluate.ChoiceExample) and len(e.choices) == 4 for e in mc)
+    assert 20 <= len(lambada) <= 40 and all(isinstance(e, evaluate.LastWordExample) for e in lambada)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"context": "a", "choices": ["x"], "label": 0}', "at least 2"),
+    ('{"context": "a", "choices": ["x", "y"], "label": 2}', "'label'"),
+    ('{"question": "a"}', "the line has: question"),
+    ('not json', "not valid JSON"),
+])
+def test_a_bad_task_line_names_file_and_line(tmp_path, line, message):
+    path = tmp_path / "task.jsonl"
+    path.write_text('{"text": "a b"}\n' + line + "\n")
+    with pytest.raises(evaluate.TaskError, match=rf"task.jsonl line 2: .*{message}"):
+        evaluate.read_task(path)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "andrea_jax.evaluate", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_prints_perplexity_and_bits_per_byte(trained_run, loaded):
+    proc = run_cli("--workdir", trained_run(), "--batch-size", "64")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("val split of embedded tinyshakespeare (stride 32): 1 document(s)")
+    want = evaluate.score_stream(loaded, evaluate.data_tokens(loaded), batch_size=64)
+    assert f"perplexity {want.perplexity:.4f}" in line and f"bits per byte {want.bits_per_byte:.4f}" in line
+
+
+def test_cli_scores_a_task_file(trained_run):
+    proc = run_cli("--workdir", trained_run(), "--task", "tasks/shakespeare_mc.jsonl")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tasks/shakespeare_mc.jsonl (multiple choice, 32 examples): acc " in proc.stdout
+    assert ", acc_norm " in proc.stdout
+
+
+def test_an_export_scores_as_its_workdir(loaded, tmp_path, capsys):
+    export = inference.save_native(loaded, tmp_path / "export")
+    assert evaluate.main(["--export", str(export), "--task", str(REPO / "tasks" / "shakespeare_lambada.jsonl")]) == 0
+    want = evaluate.score_task(loaded, evaluate.read_task(REPO / "tasks" / "shakespeare_lambada.jsonl"))
+    assert evaluate.format_task(REPO / "tasks" / "shakespeare_lambada.jsonl", want) in capsys.readouterr().out
+
+
+def test_cli_missing_workdir_is_a_one_line_error(tmp_path):
+    proc = run_cli("--workdir", tmp_path / "nope")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: {tmp_path / 'nope'}: no such run folder"

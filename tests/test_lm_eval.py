@@ -1,0 +1,114 @@
+"""The lm-evaluation-harness model `andrea`: its scores equal the project's own scorer and
+lm-eval's definitions, and lm_eval's command line runs it (offline)."""
+import os
+
+os.environ["HF_DATASETS_OFFLINE"] = "1"  # before lm_eval imports datasets: nothing may reach the hub
+
+import functools
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from lm_eval import simple_evaluate
+from lm_eval.api.instance import Instance
+from lm_eval.tasks import TaskManager
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from andrea_jax import evaluate
+from andrea_jax.data import tokenizer as tok_lib
+from andrea_jax.lm_eval_adapter import AndreaLM, cut_at_stop
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TASKS = REPO / "tasks"
+SEQ_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def lm(trained_run):
+    return AndreaLM(workdir=str(trained_run()), batch_size=16)
+
+
+def forward_logprobs(loaded, ids):
+    """log p(ids[i] | ids[:i]) for i >= 1 from one plain forward pass (right-padded: one compile)."""
+    ids = np.asarray(ids, np.int32)
+    n = len(ids) - 1
+    padded = np.zeros((1, SEQ_LEN), np.int32)
+    padded[0, :n] = ids[:-1]
+    logits = _forward(loaded.model("xla"), loaded.params, padded, loaded.alphas())
+    logp = np.asarray(jax.nn.log_softmax(logits[0, :n].astype(np.float32), axis=-1))
+    return logp[np.arange(n), ids[1:]]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(model, params, tokens_BT, alphas_L):
+    return model.apply({"params": params}, tokens_BT, alphas_L)
+
+
+def test_local_tasks_give_the_project_scores(lm):
+    results = simple_evaluate(model=lm, tasks=["andrea_shakespeare_mc", "andrea_shakespeare_lambada"],
+                              task_manager=TaskManager(include_path=str(TASKS / "lm_eval")),
+                              bootstrap_iters=0)["results"]
+    mc = evaluate.score_task(lm.loaded, evaluate.read_task(TASKS / "shakespeare_mc.jsonl"))
+    lambada = evaluate.score_task(lm.loaded, evaluate.read_task(TASKS / "shakespeare_lambada.jsonl"))
+    assert results["andrea_shakespeare_mc"]["acc,none"] == pytest.approx(mc["acc"])
+    assert results["andrea_shakespeare_mc"]["acc_norm,none"] == pytest.approx(mc["acc_norm"])
+    assert results["andrea_shakespeare_lambada"]["acc,none"] == pytest.approx(lambada["acc"])
+    assert results["andrea_shakespeare_lambada"]["perplexity,none"] == pytest.approx(lambada["ppl"], rel=1e-5)
+
+
+@pytest.mark.parametrize("n_tokens, stride", [(1, 32), (32, 32), (33, 32), (100, 32), (100, 8), (70, 1), (40, 31)])
+def test_rolling_windows_are_lm_evals(n_tokens, stride):
+    ids = list(range(1, n_tokens + 1))
+    ours = evaluate.rolling_windows(ids, prefix=0, seq_len=SEQ_LEN, stride=stride)
+    theirs = get_rolling_token_windows(ids, prefix_token=0, max_seq_len=SEQ_LEN, context_len=SEQ_LEN - stride + 1)
+    assert [(seq.tolist(), n) for seq, n in ours] == [(inp + pred[-1:], len(pred)) for inp, pred in theirs]
+
+
+def test_loglikelihood_rolling_is_the_project_scorer_and_lm_evals_definition(lm):
+    texts = ["First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 2,
+             "Señor ✓", "a"]
+    got = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)])
+    tok = lm.loaded.tokenizer
+    for text, ll in zip(texts, got):
+        ids = tok_lib.encode(tok, text)
+        assert ll == pytest.approx(-evaluate.rolling_nll(lm.loaded, ids))
+        # lm-eval's HFLM: disjoint rolling windows, each scored as context + continuation.
+        want = 0.0
+        for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
+                ids, prefix_token=0, max_seq_len=SEQ_LEN, context_len=1)):
+            want += forward_logprobs(lm.loaded, context + continuation)[-len(continuation):].sum(dtype=np.float64)
+        assert ll == pytest.approx(want, rel=1e-5)
+    assert len(tok_lib.encode(tok, texts[0])) > 2 * SEQ_LEN  # several windows were checked
+
+
+def test_generate_until_cuts_at_the_stop_string(lm):
+    context = "ROMEO:\n"
+    [full] = lm.generate_until([Instance("generate_until", {}, (context, {"until": [], "max_gen_toks": 12}), 0)])
+    assert full  # greedy, so the same text comes back below
+    stop = full[len(full) // 2]
+    [cut] = lm.generate_until([Instance("generate_until", {}, (context, {"until": [stop], "max_gen_toks": 12}), 0)])
+    assert cut == full[:full.index(stop)]
+    assert stop not in cut
+    assert cut_at_stop("a, b\nc", ["\n", ","]) == "a"
+
+
+def test_sampling_settings_follow_gen_kwargs():
+    settings, until = AndreaLM._settings({"until": "\n\n", "max_gen_toks": 7})
+    assert dict(settings) == {"max_new_tokens": 7, "temperature": 0.0, "top_k": 0, "top_p": 1.0}
+    assert until == ["\n\n"]
+    assert dict(AndreaLM._settings({"do_sample": True})[0])["temperature"] == 1.0
+    assert dict(AndreaLM._settings({"temperature": 0.7})[0])["temperature"] == 0.7
+    assert dict(AndreaLM._settings({"do_sample": False, "temperature": 0.7})[0])["temperature"] == 0.0
+
+
+def test_lm_eval_command_line_runs_the_model(trained_run):
+    proc = subprocess.run(
+        [sys.executable, "-m", "andrea_jax.lm_eval_adapter", "--model", "andrea", "--model_args",
+         f"workdir={trained_run()}", "--batch_size", "16", "--tasks", "andrea_shakespeare_mc", "--limit", "4"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_DATASETS_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = proc.stdout
+    assert "|andrea_shakespeare_mc|" in table.replace(" ", "") and "acc_norm" in table
