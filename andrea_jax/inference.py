@@ -97,7 +97,11 @@ def load_workdir(workdir, step: int | None = None) -> LoadedModel:
     for path in (cfg_path, tok_path):
         if not path.is_file():
             raise LoadError(f"{path}: missing; {workdir} is not a training run's workdir")
-    cfg = config_from_dict(json.loads(cfg_path.read_text()), str(cfg_path))
+    try:
+        saved = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{cfg_path}: not JSON ({e})") from None
+    cfg = config_from_dict(saved, str(cfg_path))
     steps = checkpoint_steps(workdir)
     if not steps:
         raise LoadError(f"{workdir / 'checkpoints'}: no checkpoint to load (train with train.checkpoint_every > 0)")
