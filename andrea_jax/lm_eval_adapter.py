@@ -1,11 +1,12 @@
 """lm-evaluation-harness model `andrea`: any lm-eval task on a run or export of this project.
 
-    python -m andrea_jax.lm_eval_adapter --model andrea --model_args workdir=DIR[,step=N] \\
+    andrea-lm-eval --model andrea --model_args workdir=DIR[,step=N] \\
         --tasks andrea_shakespeare_mc,lambada_openai [--limit N] [other lm_eval options]
 
 lm-eval 0.4.13 finds models only in its own registry (no entry points, no plugin hook), so the
 `lm_eval` command cannot see a model defined outside lm_eval. Importing this module registers
-`andrea`; run as above it registers it and then runs lm_eval's own command line, unchanged. With no
+`andrea`; `andrea-lm-eval` (installed with the package; also `python -m andrea_jax.lm_eval_adapter`)
+registers it and then runs lm_eval's own command line, unchanged. With no
 --include_path it adds the project's tasks/lm_eval (andrea_shakespeare_mc, andrea_shakespeare_lambada).
 From Python: `lm_eval.simple_evaluate(model=AndreaLM(workdir=...), tasks=[...])`, or
 `model="andrea"` once this module is imported.
