@@ -1,17 +1,35 @@
-"""Orbax checkpoints of a run: the train state and the data loader's position, saved together.
+"""Orbax checkpoints of a run: the train state, the data loader's position and the per-step
+losses, saved together.
 
-A checkpoint is `WORKDIR/checkpoints/STEP/{state,data}`; orbax writes it to a temporary folder and
-renames it when complete, so a run killed mid-save leaves the previous checkpoint intact.
+A checkpoint is `WORKDIR/checkpoints/STEP/{state,data,losses}`; orbax writes it to a temporary
+folder and renames it when complete, so a run killed mid-save leaves the previous checkpoint
+intact. Restoring takes the newest checkpoint that can be read: one that cannot is reported and
+left where it is, until the resumed run saves that step again and sets it aside as
+`STEP.unreadable` (nothing is ever deleted but by `train.keep_checkpoints`).
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+import sys
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be restored: the message names it and says what to do."""
+    """No checkpoint can be restored: the message names each one and says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    step: int
+    state: object
+    data_state: dict        # the loader's position (andrea_jax.data.pipeline.get_state)
+    step_losses: list       # the loss of every step 1..step, for the spike score
+    unreadable: tuple       # newer checkpoints passed over, as "PATH (reason)"
 
 
 def manager(workdir: str | pathlib.Path, *, max_to_keep: int) -> ocp.CheckpointManager:
@@ -20,27 +38,65 @@ def manager(workdir: str | pathlib.Path, *, max_to_keep: int) -> ocp.CheckpointM
         max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True))
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state, data_state: dict) -> None:
-    """Starts an asynchronous save; training goes on while orbax writes."""
+def save(mngr: ocp.CheckpointManager, step: int, state, data_state: dict, step_losses) -> None:
+    """Starts an asynchronous save; training goes on while orbax writes. `step_losses` are the
+    losses of steps 1..step (non-finite ones are written as NaN / Infinity)."""
+    if step in mngr.all_steps():  # only an unreadable checkpoint the run resumed before
+        _set_aside(mngr, step)
+    losses = [float(v) for v in np.asarray(step_losses, np.float32)]
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                            data=ocp.args.JsonSave(data_state)), force=True)
+                                            data=ocp.args.JsonSave(data_state),
+                                            losses=ocp.args.JsonSave({"step_losses": losses})), force=True)
 
 
-def restore_latest(mngr: ocp.CheckpointManager, target_state):
-    """(state, data_state) of the newest checkpoint, placed like `target_state`; None if there is none."""
-    step = mngr.latest_step()
-    if step is None:
-        return None
-    try:
-        restored = mngr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore()))
-    except Exception as e:  # orbax/tensorstore raise many types; all mean the same to the user
-        where = pathlib.Path(mngr.directory) / str(step)
-        reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        raise CheckpointError(
-            f"checkpoint {where} cannot be restored ({type(e).__name__}: {reason}); it is left as it "
-            f"is: move it away to resume from an earlier checkpoint, or use another workdir") from None
-    return restored.state, restored.data
+def _set_aside(mngr: ocp.CheckpointManager, step: int) -> None:
+    mngr.wait_until_finished()
+    path = pathlib.Path(mngr.directory) / str(step)
+    if jax.process_index() == 0:
+        aside, n = path.with_name(f"{step}.unreadable"), 1
+        while aside.exists():
+            aside, n = path.with_name(f"{step}.unreadable{n}"), n + 1
+        path.rename(aside)
+        print(f"checkpoint {path} was unreadable and is kept as {aside}", file=sys.stderr, flush=True)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"andrea set aside checkpoint {step}")
+    mngr.reload()
+
+
+def _all_processes(ok: bool) -> bool:
+    """Whether `ok` holds on every process (they must all restore the same checkpoint)."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+def _reason(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def restore_newest_readable(mngr: ocp.CheckpointManager, target_state) -> Restored | None:
+    """The newest checkpoint that every process can read, placed like `target_state`; None if
+    there is no checkpoint. Raises CheckpointError when none of them can be read."""
+    unreadable = []
+    for step in sorted(mngr.all_steps(), reverse=True):
+        restored, reason = None, "unreadable on another process"
+        try:
+            restored = mngr.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore(),
+                losses=ocp.args.JsonRestore()))
+            losses = restored.losses["step_losses"]
+            if len(losses) != step:
+                raise ValueError(f"it holds {len(losses)} step losses, not {step}")
+        except Exception as e:  # orbax/tensorstore raise many types; all mean the same to the user
+            restored, reason = None, _reason(e)
+        if _all_processes(restored is not None):
+            return Restored(step, restored.state, restored.data, [float(v) for v in losses], tuple(unreadable))
+        unreadable.append(f"{pathlib.Path(mngr.directory) / str(step)} ({reason})")
+    if unreadable:
+        raise CheckpointError(f"no checkpoint of {mngr.directory} can be restored: {'; '.join(unreadable)}; "
+                              f"they are left as they are: move them away to start afresh, or use another workdir")
+    return None
 
 
 def read_data_state(workdir: str | pathlib.Path, step: int | None = None) -> dict:

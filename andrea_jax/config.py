@@ -58,6 +58,8 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.1   # applied to matrices (kernels, embeddings) only
     clip_norm: float = 1.0      # global-norm gradient clipping
+    skip_nonfinite: bool = False  # skip an update whose gradient is not finite (counted as skipped_updates) instead of stopping the run; off: a NaN is a bug to see
+    max_consecutive_skips: int = 10  # skip_nonfinite: stop after this many skipped updates in a row (a stuck run; a spike skips a few)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class TrainConfig:
     sample_tokens: int = 0      # tokens of text generated at the end of the run (0 = none)
     checkpoint_every: int = 1000  # steps between Orbax checkpoints (and at the end); 0 = none, no resume
     keep_checkpoints: int = 3   # newest checkpoints kept on disk
+    microbatches: int = 1       # gradient accumulation: each batch runs as this many equal slices, one update (memory of one slice)
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,16 @@ class KernelsConfig:
 
 
 @dataclass(frozen=True)
+class MeshConfig:
+    # Device mesh (data x fsdp x tensor must be the device count; one entry may be -1 = the rest).
+    # What each axis splits: andrea_jax.sharding. Defaults: plain data parallelism, as before.
+    data: int = -1              # data parallel: batch split, state replicated
+    fsdp: int = 1               # fully sharded data parallel: batch split, matrices and Adam moments split on d_model
+    tensor: int = 1             # tensor parallel: heads, MLP width, vocabulary split; must divide n_head and the MLP width
+    rules: str = ""             # overrides of sharding.RULES, "NAME=AXIS+AXIS,NAME=" (empty after = = whole); "" = none
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     prores: ProResConfig = field(default_factory=ProResConfig)
@@ -108,6 +121,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -119,22 +133,39 @@ _CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 def load(name_or_path: str) -> Config:
     """Loads `configs/NAME.py` or a path to such a file; the module defines `get_config()`."""
     path = pathlib.Path(name_or_path)
-    if path.suffix == ".py":
-        if not path.is_file():
-            raise ConfigError(f"config file {name_or_path!r} does not exist")
-        spec = importlib.util.spec_from_file_location(f"_andrea_config_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(f"configs.{name_or_path}")
-        except ModuleNotFoundError:
-            known = sorted(p.stem for p in _CONFIG_DIR.glob("*.py") if not p.stem.startswith("_"))
-            raise ConfigError(f"unknown config {name_or_path!r}; known: {', '.join(known)}") from None
-    config = module.get_config()
+    # A config is user code: whatever it raises (a syntax error, a bad import) is a config error.
+    try:
+        if path.suffix == ".py":
+            if not path.is_file():
+                raise ConfigError(f"config file {name_or_path!r} does not exist")
+            spec = importlib.util.spec_from_file_location(f"_andrea_config_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = _import_named(name_or_path)
+        if not callable(getattr(module, "get_config", None)):
+            raise ConfigError(f"config {name_or_path!r} defines no get_config()")
+        config = module.get_config()
+    except ConfigError:
+        raise
+    except Exception as e:
+        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
+        message = " ".join(str(getattr(e, "msg", None) or e).split())
+        raise ConfigError(f"config {name_or_path!r} cannot be loaded{where}: "
+                          f"{type(e).__name__}: {message}") from e
     if not isinstance(config, Config):
         raise ConfigError(f"get_config() in {name_or_path!r} must return andrea_jax.config.Config")
     return config
+
+
+def _import_named(name: str):
+    try:
+        return importlib.import_module(f"configs.{name}")
+    except ModuleNotFoundError as e:
+        if not e.name or not f"configs.{name}.".startswith(e.name + "."):
+            raise  # the config exists but imports something missing: not an unknown name
+        known = sorted(p.stem for p in _CONFIG_DIR.glob("*.py") if not p.stem.startswith("_"))
+        raise ConfigError(f"unknown config {name!r}; known: {', '.join(known)}") from None
 
 
 def _parse(key: str, text: str, kind: type):
@@ -227,6 +258,7 @@ def validate(config: Config) -> Config:
     need(o.eps > 0, "optim.eps", f"must be positive, got {o.eps}")
     need(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
     need(o.clip_norm > 0, "optim.clip_norm", f"must be positive, got {o.clip_norm}")
+    need(o.max_consecutive_skips > 0, "optim.max_consecutive_skips", f"must be positive, got {o.max_consecutive_skips}")
     need(t.eval_every >= 0, "train.eval_every", f"must be >= 0, got {t.eval_every}")
     need(t.sample_tokens >= 0, "train.sample_tokens", f"must be >= 0, got {t.sample_tokens}")
     need(t.checkpoint_every >= 0, "train.checkpoint_every", f"must be >= 0, got {t.checkpoint_every}")
@@ -244,4 +276,14 @@ def validate(config: Config) -> Config:
     need(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
     need(k.impl in ("auto", "xla", "pallas", "triton"), "kernels.impl",
          f"must be auto, xla, pallas or triton, got {k.impl!r}")
+    need(t.microbatches > 0, "train.microbatches", f"must be positive, got {t.microbatches}")
+    need(t.batch_size % t.microbatches == 0, "train.microbatches",
+         f"{t.microbatches} does not divide train.batch_size={t.batch_size}")
+    mesh = config.mesh
+    for key in ("data", "fsdp", "tensor"):  # the device count is checked when the mesh is made
+        value = getattr(mesh, key)
+        need(value >= 1 or value == -1, f"mesh.{key}", f"must be positive or -1 (the rest), got {value}")
+    need([mesh.data, mesh.fsdp, mesh.tensor].count(-1) <= 1, "mesh.data", "only one mesh axis may be -1")
+    from andrea_jax import sharding
+    sharding.parse_rules(mesh.rules)  # raises ConfigError naming mesh.rules
     return config

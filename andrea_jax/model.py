@@ -24,6 +24,13 @@ With `cfg.gates == "learned"` each block also owns a trainable scalar g_l (init 
 alpha_l * g_l in place of alpha_l (ReZero / SkipInit; with ProRes schedule `none`, exactly ReZero).
 The final LayerNorm is kept for every placement: after Post-LN and DeepNorm blocks it is a second
 norm of an already normalised stream, which keeps one parameter tree for all variants.
+
+Partitioning: every parameter carries logical axis names (`LOGICAL_AXES` below; the scan adds
+`layers` in front of the block's), and so do the key activations, through
+`nn.with_logical_constraint`. The names say what a dimension is, not where it goes: the one table
+that maps them to mesh axes is `andrea_jax.sharding.RULES`. Without `nn.logical_axis_rules` in
+context the constraints do nothing, so single-device use (tests, inference, decoding) is
+unaffected. `init` returns plain arrays; `init_boxed` keeps flax's boxes for sharding.py.
 """
 from __future__ import annotations
 
@@ -40,6 +47,25 @@ import kernels
 from andrea_jax.config import NORMS, ModelConfig
 
 OUTPUT_PROJECTIONS = ("attn_out_kernel", "mlp_proj_kernel")
+
+# Logical axis names (mapped to mesh axes only in andrea_jax.sharding):
+#   batch, seq: an activation's rows and positions    act_embed: the residual stream's width D
+#   embed: a matrix's D dimension                     heads: attention's D as H heads x K
+#   qkv: the fused [q|k|v] columns (3D)               mlp: the MLP's hidden width F
+#   vocab: the tied embedding's rows                  layers: the scan's stacked layer axis
+LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
+# Names of each block parameter's dimensions (the scan puts `layers` first); the D-sized vectors
+# (LayerNorm gains and biases, biases added to the residual stream) live on the stream's width.
+BLOCK_PARAM_AXES = {"attn_qkv_kernel": ("embed", "qkv"), "attn_qkv_bias": ("qkv",),
+                    "attn_out_kernel": ("heads", "embed"), "attn_out_bias": ("act_embed",),
+                    "mlp_fc_kernel": ("embed", "mlp"), "mlp_fc_bias": ("mlp",),
+                    "mlp_proj_kernel": ("mlp", "embed"), "mlp_proj_bias": ("act_embed",)}
+STREAM_BTD = ("batch", "seq", "act_embed")  # the residual stream, the scan's carry
+
+
+def _constrain(x, names):
+    """Pins x's layout by logical names; a no-op unless axis rules and a mesh are in context."""
+    return nn.with_logical_constraint(x, names)
 
 
 class KVCache(typing.NamedTuple):
@@ -197,10 +223,12 @@ class Block(nn.Module):
         zeros, ones = nn.initializers.zeros, nn.initializers.ones
 
         def matrix(name, shape):
-            return self.param(name, _normal(_kernel_std(cfg, name, shape, layer)), shape, jnp.float32)
+            init = nn.with_logical_partitioning(_normal(_kernel_std(cfg, name, shape, layer)), BLOCK_PARAM_AXES[name])
+            return self.param(name, init, shape, jnp.float32)
 
         def vector(name, init, size):
-            return self.param(name, init, (size,), jnp.float32)
+            names = BLOCK_PARAM_AXES.get(name, ("act_embed",))  # LayerNorm gains and biases: the stream's width
+            return self.param(name, nn.with_logical_partitioning(init, names), (size,), jnp.float32)
 
         def layer_norm_params(name):
             return vector(f"{name}_scale", ones, D), vector(f"{name}_bias", zeros, D)
@@ -214,22 +242,29 @@ class Block(nn.Module):
         proj_kernel, proj_bias = matrix("mlp_proj_kernel", (F, D)), vector("mlp_proj_bias", zeros, D)
         norms |= {name: layer_norm_params(name) for name in NORM_NAMES[cfg.norm][2:]}
         if cfg.gates == "learned":  # ReZero / SkipInit: a trainable scalar from 0, times the ProRes alpha
-            alpha = alpha * self.param("residual_gate", zeros, (), jnp.float32)
+            alpha = alpha * self.param("residual_gate", nn.with_logical_partitioning(zeros, ()), (), jnp.float32)
 
         def attn(y_BTD):
             B, T, _ = y_BTD.shape
-            qkv_BT3D = y_BTD @ qkv_kernel.astype(dtype) + qkv_bias.astype(dtype)
-            q_BTHK, k_BTHK, v_BTHK = (a.reshape(B, T, H, D // H) for a in jnp.split(qkv_BT3D, 3, axis=-1))
+            # The fused [q|k|v] columns viewed as [3, H, K]: a tensor shard slices its own heads
+            # out of the weight and computes only those, so q, k, v never move between devices.
+            qkv_D3HK = _constrain(qkv_kernel.reshape(D, 3, H, D // H), ("embed", None, "heads", None))
+            qkv_bias_3HK = _constrain(qkv_bias.reshape(3, H, D // H), (None, "heads", None))
+            qkv_BT3HK = _constrain(jnp.einsum("btd,dchk->btchk", y_BTD, qkv_D3HK.astype(dtype))
+                                   + qkv_bias_3HK.astype(dtype), ("batch", "seq", None, "heads", None))
+            q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
             if decode is None:
                 o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True)
             else:
                 o_BTHK, kv = _cached_attention(q_BTHK, k_BTHK, v_BTHK, *scanned[2:], *decode)
                 kv_written.append(kv)
-            return o_BTHK.reshape(B, T, D) @ out_kernel.astype(dtype) + out_bias.astype(dtype)
+            o_BTHK = _constrain(o_BTHK, ("batch", "seq", "heads", None))
+            return _constrain(o_BTHK.reshape(B, T, D) @ out_kernel.astype(dtype) + out_bias.astype(dtype), STREAM_BTD)
 
         def mlp(y_BTD):
-            h_BTF = kernels.bias_gelu(y_BTD @ fc_kernel.astype(dtype), fc_bias, impl=impl)
-            return h_BTF @ proj_kernel.astype(dtype) + proj_bias.astype(dtype)
+            h_BTF = _constrain(y_BTD @ fc_kernel.astype(dtype), ("batch", "seq", "mlp"))
+            h_BTF = _constrain(kernels.bias_gelu(h_BTF, fc_bias, impl=impl), ("batch", "seq", "mlp"))
+            return _constrain(h_BTF @ proj_kernel.astype(dtype) + proj_bias.astype(dtype), STREAM_BTD)
 
         def norm(name, x):
             return kernels.layer_norm(x, *norms[name], eps=cfg.ln_eps, impl=impl)
@@ -246,7 +281,8 @@ class Block(nn.Module):
         ops = _Ops(attn=attn, mlp=mlp, norm=norm, residual_norm=residual_norm, record=record,
                    layer=layer, n_layer=cfg.n_layer)
         # alpha stays float32 (the kernels take it so); adds outside kernels cast it to the compute dtype.
-        x_BTD = PLACEMENTS[cfg.norm](x_BTD, jnp.asarray(alpha, jnp.float32), ops)
+        x_BTD = PLACEMENTS[cfg.norm](_constrain(x_BTD, STREAM_BTD), jnp.asarray(alpha, jnp.float32), ops)
+        x_BTD = _constrain(x_BTD, STREAM_BTD)  # the carry leaves the block in the layout it came in
         if self.diagnostics:
             stats = {**stats, "resid_rms": _rms(x_BTD), "alpha": jnp.asarray(alpha, jnp.float32)}
         else:
@@ -263,21 +299,28 @@ class Andrea(nn.Module):
     def __call__(self, tokens_BT, alphas_L, cache: KVCache | None = None):
         cfg = self.cfg
         dtype = jnp.dtype(cfg.dtype)
+        named = nn.with_logical_partitioning
         normal = nn.initializers.normal(cfg.init_std)
-        tok_embedding_VD = self.param("tok_embedding", normal, (cfg.vocab_size, cfg.d_model), jnp.float32)
-        pos_embedding_SD = self.param("pos_embedding", normal, (cfg.seq_len, cfg.d_model), jnp.float32)
-        lnf_scale = self.param("lnf_scale", nn.initializers.ones, (cfg.d_model,), jnp.float32)
-        lnf_bias = self.param("lnf_bias", nn.initializers.zeros, (cfg.d_model,), jnp.float32)
+        tok_embedding_VD = self.param("tok_embedding", named(normal, ("vocab", "embed")),
+                                      (cfg.vocab_size, cfg.d_model), jnp.float32)
+        pos_embedding_SD = self.param("pos_embedding", named(normal, ("seq", "embed")),
+                                      (cfg.seq_len, cfg.d_model), jnp.float32)
+        lnf_scale = self.param("lnf_scale", named(nn.initializers.ones, ("act_embed",)), (cfg.d_model,), jnp.float32)
+        lnf_bias = self.param("lnf_bias", named(nn.initializers.zeros, ("act_embed",)), (cfg.d_model,), jnp.float32)
 
         T = tokens_BT.shape[1]
         if T > cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than model.seq_len={cfg.seq_len}")
         positions = pos_embedding_SD[:T] if cache is None else pos_embedding_SD[cache.positions_BT]
-        x_BTD = (tok_embedding_VD[tokens_BT] + positions).astype(dtype)
+        # The lookup reads whole rows: with the table's D split (FSDP) XLA would instead gather
+        # every token id and move the looked-up activations; gathering the weight is cheaper.
+        table_VD = _constrain(tok_embedding_VD, ("vocab", None))
+        x_BTD = _constrain((table_VD[tokens_BT] + positions).astype(dtype), STREAM_BTD)
 
         block = nn.remat(Block, prevent_cse=False) if cfg.remat else Block
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(0, nn.broadcast), length=cfg.n_layer)
+                        in_axes=(0, nn.broadcast), length=cfg.n_layer,
+                        metadata_params={nn.PARTITION_NAME: "layers"})  # stacked params: ("layers", ...)
         layers_L = jnp.arange(1, cfg.n_layer + 1, dtype=jnp.int32)
         scanned = (jnp.asarray(alphas_L, jnp.float32), layers_L)
         if cache is None:
@@ -288,16 +331,23 @@ class Andrea(nn.Module):
                 x_BTD, scanned + (cache.k_LBSHK, cache.v_LBSHK), decode)
 
         y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=self.impl)
-        logits_BTV = jnp.einsum("btd,vd->btv", y_BTD, tok_embedding_VD.astype(dtype))
+        logits_BTV = _constrain(jnp.einsum("btd,vd->btv", y_BTD, tok_embedding_VD.astype(dtype)),
+                                ("batch", "seq", "vocab"))
         if cache is not None:
             return logits_BTV, kv_L
         return (logits_BTV, stats_L) if self.diagnostics else logits_BTV
 
 
-def init(cfg: ModelConfig, rng, impl: str = "auto"):
-    """Returns the variables of a freshly initialised model."""
+def init_boxed(cfg: ModelConfig, rng, impl: str = "auto"):
+    """The variables of a freshly initialised model, each in flax's box carrying its logical axis
+    names (andrea_jax.sharding reads them from an eval_shape of this)."""
     tokens = jnp.zeros((1, min(8, cfg.seq_len)), jnp.int32)
     return Andrea(cfg, impl).init(rng, tokens, jnp.ones((cfg.n_layer,), jnp.float32))
+
+
+def init(cfg: ModelConfig, rng, impl: str = "auto"):
+    """Returns the variables of a freshly initialised model, as plain arrays."""
+    return nn.unbox(init_boxed(cfg, rng, impl))
 
 
 def param_shapes(cfg: ModelConfig):

@@ -1,7 +1,9 @@
-"""AdamW with global-norm clipping and the learning-rate schedules, all from optax."""
+"""AdamW with global-norm clipping and the learning-rate schedules, all from optax, behind a
+finiteness guard that can skip an update whose gradient is not finite (optim.skip_nonfinite)."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from andrea_jax.config import OptimConfig
@@ -25,7 +27,8 @@ def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
 
 
 def decay_mask(params):
-    """Weight decay on matrices only: kernels and embeddings, never biases or LayerNorm gains."""
+    """Weight decay on matrices only: kernels and embeddings, never biases, LayerNorm gains or the
+    scalar residual gates."""
     def is_matrix(path, _):
         name = str(getattr(path[-1], "key", path[-1]))
         return name.endswith(("kernel", "embedding"))
@@ -33,8 +36,29 @@ def decay_mask(params):
 
 
 def make(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-    return optax.chain(
+    adamw = optax.chain(
         optax.clip_by_global_norm(cfg.clip_norm),
         optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                     weight_decay=cfg.weight_decay, mask=decay_mask),
     )
+    # Always wrapped, so the optimizer state has one structure and skip_nonfinite can be switched
+    # on when resuming a run that hit a NaN. Off, a limit of 0 skipped updates applies every
+    # update unchanged (the guard only counts); on, no non-finite update is ever applied: the
+    # trainer stops a run stuck for optim.max_consecutive_skips updates instead.
+    limit = int(jnp.iinfo(jnp.int32).max) if cfg.skip_nonfinite else 0
+    return optax.apply_if_finite(adamw, max_consecutive_errors=limit)
+
+
+def _guard_state(opt_state) -> optax.ApplyIfFiniteState:
+    states = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ApplyIfFiniteState))
+              if isinstance(s, optax.ApplyIfFiniteState)]
+    if len(states) != 1:
+        raise ValueError(f"expected one apply_if_finite state in the optimizer state, found {len(states)}")
+    return states[0]
+
+
+def skip_counts(opt_state) -> dict:
+    """On-device int32 scalars: `skipped_updates` (non-finite gradients so far) and
+    `skipped_in_a_row` (those since the last finite one)."""
+    guard = _guard_state(opt_state)
+    return {"skipped_updates": guard.total_notfinite, "skipped_in_a_row": guard.notfinite_count}

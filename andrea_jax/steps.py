@@ -1,10 +1,19 @@
-"""The jitted pieces of training: the train state, the loss, the train and eval steps with their
-explicit shardings over a 1-D data mesh. ProRes alphas are computed inside the step from
-`state.step`, so a new step never recompiles. Needs only jax, flax and optax: GPU benchmarks use it
-without the data stack (andrea_jax.trainer adds the loop, data, logging and checkpoints).
+"""The jitted pieces of training: the train state, the loss, the train and eval steps, with the
+shardings of andrea_jax.sharding over a (data, fsdp, tensor) mesh. ProRes alphas are computed
+inside the step from `state.step`, so a new step never recompiles. Needs only jax, flax and optax:
+GPU benchmarks use it without the data stack (andrea_jax.trainer adds the loop, data, logging and
+checkpoints).
+
+The state is created in its shardings (a jitted init with out_shardings: no replicated copy
+first) and the step keeps it there (same in/out shardings, the old state donated). The step
+traces under the mesh and the config's axis rules, so the model's logical constraints and the
+kernels' per-shard wrappers see the layout without the caller setting any context.
 """
 from __future__ import annotations
 
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,9 +21,8 @@ import optax
 from flax.training import train_state
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from andrea_jax import diagnostics as diag_lib, model as model_lib, optim, prores
+from andrea_jax import diagnostics as diag_lib, model as model_lib, optim, prores, sharding
 from andrea_jax.config import Config
-
 
 def cross_entropy(logits_BTV, targets_BT):
     """Mean next-token cross-entropy with a float32 log-softmax."""
@@ -36,45 +44,128 @@ def step_alphas(cfg: Config, step):
     return prores.alphas(step, cfg.model.n_layer, schedule=cfg.prores.schedule, warmup=cfg.prores.warmup)
 
 
-def create_state(cfg: Config, rng, mesh: jax.sharding.Mesh) -> train_state.TrainState:
-    """A fresh train state, replicated over the mesh (placed as the jitted step will return it)."""
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl)
+@functools.lru_cache(maxsize=None)
+def _tx_and_model(cfg: Config):
+    """One optimizer and one model per config: they sit in the TrainState's tree structure, which
+    the jitted step's shardings must match, so create_state and make_train_step share them."""
+    return optim.make(cfg.optim, cfg.train.steps), model_lib.Andrea(cfg.model, cfg.kernels.impl)
+
+
+def _fresh_state(cfg: Config, rng) -> train_state.TrainState:
+    tx, model = _tx_and_model(cfg)
     params = model_lib.init(cfg.model, rng, cfg.kernels.impl)["params"]
-    state = train_state.TrainState.create(apply_fn=model.apply, params=params,
-                                          tx=optim.make(cfg.optim, cfg.train.steps))
-    # A strongly typed int32 step on the mesh, as the jitted step returns it: no retrace on call 2.
-    return jax.device_put(state.replace(step=jnp.zeros((), jnp.int32)), NamedSharding(mesh, P()))
+    # A strongly typed int32 step, as the jitted step returns it: no retrace on call 2.
+    return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx).replace(
+        step=jnp.zeros((), jnp.int32))
 
 
-def make_mesh() -> jax.sharding.Mesh:
-    """A 1-D data-parallel mesh over every device: the batch is split, the state replicated."""
-    # Auto axes: jit places the arrays by the shardings given; no sharding-in-types bookkeeping.
-    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+@functools.lru_cache(maxsize=None)
+def _abstract(cfg: Config) -> train_state.TrainState:
+    return jax.eval_shape(functools.partial(_fresh_state, cfg), jax.random.key(0))
+
+
+@functools.lru_cache(maxsize=None)
+def state_shardings(cfg: Config, mesh: jax.sharding.Mesh) -> train_state.TrainState:
+    """The TrainState's tree of NamedShardings (params by the axis rules, Adam's moments alike)."""
+    return sharding.state_shardings(_abstract(cfg), _tx_and_model(cfg)[0], cfg, mesh)
+
+
+def abstract_state(cfg: Config, mesh: jax.sharding.Mesh) -> train_state.TrainState:
+    """The state as ShapeDtypeStructs carrying their shardings: allocates nothing (memory
+    analysis, restore targets)."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        _abstract(cfg), state_shardings(cfg, mesh))
+
+
+def create_state(cfg: Config, rng, mesh: jax.sharding.Mesh) -> train_state.TrainState:
+    """A fresh train state, created directly in its shardings over the mesh (each device
+    initialises only its own shards)."""
+    sharding.check(cfg, mesh)
+    return jax.jit(functools.partial(_fresh_state, cfg), out_shardings=state_shardings(cfg, mesh))(rng)
+
+
+def make_mesh(cfg: Config | None = None, devices=None) -> jax.sharding.Mesh:
+    """The (data, fsdp, tensor) mesh of cfg.mesh (andrea_jax.sharding.make_mesh); with no config,
+    every device on `data`."""
+    return sharding.make_mesh(cfg, devices)
+
+
+def batch_sharding(cfg: Config, mesh: jax.sharding.Mesh) -> NamedSharding:
+    """Where a global [batch, ...] array of tokens lives: rows split like the logical `batch`."""
+    return NamedSharding(mesh, sharding.batch_spec(cfg, mesh))
+
+
+def _in_layout(cfg: Config, mesh: jax.sharding.Mesh, fn):
+    """fn traced under the mesh and the config's axis rules: the model's logical constraints and
+    the kernels' row splits act whether or not the caller set a mesh."""
+    table = sharding.rules(cfg, mesh)
+
+    @functools.wraps(fn)
+    def traced(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(table):
+            return fn(*args)
+    return traced
+
+
+def _microbatched(grad_fn, cfg: Config, mesh: jax.sharding.Mesh, param_shardings):
+    """grad_fn(params, tokens_BT1) -> ((loss, aux), grads), run over train.microbatches slices of
+    the batch by a lax.scan that sums the gradients: one slice's activations live at a time.
+    Returns the means over slices (equal slices: the mean over the whole batch)."""
+    k = cfg.train.microbatches
+    if k == 1:
+        return grad_fn
+    rows = sharding.batch_spec(cfg, mesh)[0]
+
+    def accumulated(params, tokens_BT1):
+        B, T1 = tokens_BT1.shape
+        # Slice j takes rows j, j + k, ...: every device's rows hold B / k / devices rows of each
+        # slice (the config checks it divides), so slicing moves no tokens between devices.
+        tokens_kMT1 = jax.lax.with_sharding_constraint(
+            tokens_BT1.reshape(B // k, k, T1).swapaxes(0, 1), NamedSharding(mesh, P(None, rows)))
+        pin = lambda g: jax.lax.with_sharding_constraint(g, param_shardings)  # sums stay sharded
+
+        def body(acc, tokens_MT1):
+            (loss, aux), grads = grad_fn(params, tokens_MT1)
+            loss_sum, grad_sum = acc
+            return (loss_sum + loss, pin(jax.tree.map(jnp.add, grad_sum, grads))), aux
+
+        zeros = pin(jax.tree.map(jnp.zeros_like, params))
+        (loss_sum, grad_sum), aux_k = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), tokens_kMT1)
+        mean = lambda a: jnp.mean(a, axis=0) if a is not None else None
+        return (loss_sum / k, jax.tree.map(mean, aux_k)), jax.tree.map(lambda g: g / k, grad_sum)
+
+    return accumulated
 
 
 def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: bool = False):
     """The jitted update. `with_diagnostics` compiles a second version of the same update that
     also returns, per layer [L], the scan's statistics (andrea_jax.model.Block), the gradient norm
     of the block's parameters and the effective alpha; the loop calls it every
-    `diagnostics.every` steps, so ordinary steps compute none of them."""
+    `diagnostics.every` steps, so ordinary steps compute none of them. With train.microbatches
+    > 1 the loss, gradients and statistics are means over the microbatches."""
+    sharding.check(cfg, mesh)
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl, diagnostics=with_diagnostics)
     schedule = optim.lr_schedule(cfg.optim, cfg.train.steps)
+    state_sh = state_shardings(cfg, mesh)
 
     def train_step(state, tokens_BT1):
         alphas_L = step_alphas(cfg, state.step)  # inside jit: a new step never recompiles
-        if with_diagnostics:
-            (loss, stats_L), grads = jax.value_and_grad(loss_and_stats, has_aux=True)(
-                state.params, model, tokens_BT1, alphas_L)
-        else:
-            loss, grads = jax.value_and_grad(loss_fn)(state.params, model, tokens_BT1, alphas_L)
+
+        def grad_fn(params, tokens):
+            if with_diagnostics:
+                return jax.value_and_grad(loss_and_stats, has_aux=True)(params, model, tokens, alphas_L)
+            loss, grads = jax.value_and_grad(loss_fn)(params, model, tokens, alphas_L)
+            return (loss, None), grads
+
+        (loss, stats_L), grads = _microbatched(grad_fn, cfg, mesh, state_sh.params)(state.params, tokens_BT1)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
         if with_diagnostics:
             metrics |= {**stats_L, "layer_grad_norm": diag_lib.layer_norms(grads["blocks"])}
         return state.apply_gradients(grads=grads), metrics
 
-    replicated = NamedSharding(mesh, P())  # a prefix: the whole state is replicated
-    return jax.jit(train_step, in_shardings=(replicated, NamedSharding(mesh, P("data"))),
-                   out_shardings=(replicated, replicated), donate_argnums=0)
+    replicated = NamedSharding(mesh, P())  # a prefix: every metric is replicated
+    return jax.jit(_in_layout(cfg, mesh, train_step), in_shardings=(state_sh, batch_sharding(cfg, mesh)),
+                   out_shardings=(state_sh, replicated), donate_argnums=0)
 
 
 def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
@@ -86,7 +177,9 @@ def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
         return loss, bytes_per_token_V[tokens_BT1[:, 1:]].sum()
 
     replicated = NamedSharding(mesh, P())
-    return jax.jit(eval_step, in_shardings=(replicated, replicated, NamedSharding(mesh, P("data")), replicated))
+    return jax.jit(_in_layout(cfg, mesh, eval_step),
+                   in_shardings=(sharding.param_shardings(cfg, mesh), replicated, batch_sharding(cfg, mesh),
+                                 replicated))
 
 
 def evaluate(eval_step, params, step, batches, bytes_per_token_V) -> dict:

@@ -35,7 +35,7 @@ def main(argv=None):
     cfg = config_lib.load(args.config)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=args.batch))
     cfg = config_lib.validate(config_lib.override(cfg, args.set))
-    mesh = steps.make_mesh()
+    mesh = steps.make_mesh(cfg)  # cfg.mesh: e.g. --set mesh.fsdp=8
     state = steps.create_state(cfg, jax.random.key(0), mesh)
     step = steps.make_train_step(cfg, mesh)
     S = cfg.model.seq_len

@@ -101,8 +101,9 @@ def bias_gelu_fn(backend):
     def local_fwd(h, bias):
         return (backend.bias_gelu_fwd(_rows(h), bias).reshape(h.shape),)
 
+    # Elementwise along the features too: under tensor parallelism h's hidden width stays split.
     def fwd(h, bias):
-        (y,) = sharded.call(local_fwd, sharded.row_layout(h), (h, bias), ("row", "rep"), ("row",))
+        (y,) = sharded.call(local_fwd, sharded.row_layout(h, features=True), (h, bias), ("row", "vec"), ("row",))
         return y, (h, bias)
 
     def local_bwd(h, bias, dy):
@@ -111,8 +112,8 @@ def bias_gelu_fn(backend):
 
     def bwd(res, dy):
         h, bias = res
-        dh, dbias = sharded.call(local_bwd, sharded.row_layout(h), (h, bias, dy),
-                                 ("row", "rep", "row"), ("row", "sum"))
+        dh, dbias = sharded.call(local_bwd, sharded.row_layout(h, features=True), (h, bias, dy),
+                                 ("row", "vec", "row"), ("row", "vsum"))
         return dh, dbias.astype(bias.dtype)
 
     @jax.custom_vjp

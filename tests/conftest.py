@@ -1,4 +1,6 @@
 """Fixtures shared by several test modules."""
+import os
+
 import pytest
 
 from andrea_jax.data import pipeline, tokenizer as tok_lib
@@ -30,8 +32,17 @@ def trained_run(tmp_path_factory, tok_path):
                 "train.sample_tokens=0", "train.batch_size=4", "model.n_layer=3", "model.d_model=32",
                 "model.n_head=4", "model.seq_len=32", "model.vocab_size=300", "prores.warmup=4",
                 f"data.tokenizer={tok_path}", "diagnostics.tensorboard=false", *overrides]))
-            trainer.train(cfg, workdir, show_progress=False)
+            saved_cache = os.environ.get("ANDREA_CACHE")
+            os.environ["ANDREA_CACHE"] = str(tmp_path_factory.mktemp("cache"))  # its own token cache
+            try:
+                trainer.train(cfg, workdir, show_progress=False)
+            finally:
+                if saved_cache is None:
+                    os.environ.pop("ANDREA_CACHE")
+                else:
+                    os.environ["ANDREA_CACHE"] = saved_cache
             made[key] = workdir
         return made[key]
 
     return make
+
