@@ -24,19 +24,25 @@ def layer_norms(stacked_tree) -> jnp.ndarray:
 
 
 def spike_flags(losses, window: int, sigmas: float) -> np.ndarray:
-    """bool [n]: step i spikes when losses[i] > mean(losses[i-window:i]) + sigmas * std(same)."""
+    """bool [n]: step i spikes when losses[i] > mean(losses[i-window:i]) + sigmas * std(same).
+
+    A non-finite loss (an update skipped by optim.skip_nonfinite) counts as a spike and is left out
+    of the later windows' statistics, so one NaN does not blind the score for the rest of the run."""
     x = np.asarray(losses, np.float64)
     flags = np.zeros(len(x), bool)
     if len(x) <= window:
         return flags
-    # Rolling sums from cumulative sums, centred on the first loss to keep them well conditioned.
-    c = x - x[0]
+    finite = np.isfinite(x)
+    # Rolling sums from cumulative sums, centred on the first finite loss to keep them well conditioned.
+    c = np.where(finite, x - (x[finite][0] if finite.any() else 0.0), 0.0)
+    s0 = np.concatenate([[0], np.cumsum(finite)])
     s1 = np.concatenate([[0.0], np.cumsum(c)])
     s2 = np.concatenate([[0.0], np.cumsum(c * c)])
     ends = np.arange(window, len(x))
-    mean = (s1[ends] - s1[ends - window]) / window
-    var = np.maximum((s2[ends] - s2[ends - window]) / window - mean * mean, 0.0)
-    flags[window:] = c[window:] > mean + sigmas * np.sqrt(var)
+    n = np.maximum(s0[ends] - s0[ends - window], 1)
+    mean = (s1[ends] - s1[ends - window]) / n
+    var = np.maximum((s2[ends] - s2[ends - window]) / n - mean * mean, 0.0)
+    flags[window:] = np.where(finite[window:], c[window:] > mean + sigmas * np.sqrt(var), True)
     return flags
 
 

@@ -46,3 +46,9 @@ def trained_run(tmp_path_factory, tok_path):
 
     return make
 
+
+@pytest.fixture(autouse=True)
+def own_andrea_cache(tmp_path_factory, monkeypatch):
+    """Every test (and every process it starts) gets its own empty ANDREA_CACHE: no test reads a
+    tokenizer or token file another test or an earlier session left behind."""
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path_factory.mktemp("andrea_cache")))

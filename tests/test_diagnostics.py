@@ -171,3 +171,17 @@ def read_tensorboard_scalars(folder):
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars
+
+
+def test_a_skipped_nonfinite_loss_is_a_spike_and_leaves_later_windows_alone():
+    rng = np.random.default_rng(1)
+    losses = 5.0 - np.linspace(0, 1, 300) + 0.01 * rng.standard_normal(300)
+    losses[[100, 140]] += 2.0
+    losses[120] = np.nan
+    flags = diagnostics.spike_flags(losses, window=50, sigmas=6.0)
+    assert list(np.flatnonzero(flags)) == [100, 120, 140]  # 140 is judged with the NaN in its window
+    # against the brute force over the finite losses of each window
+    for i in range(50, 300):
+        prev = losses[i - 50:i][np.isfinite(losses[i - 50:i])]
+        want = not np.isfinite(losses[i]) or losses[i] > prev.mean() + 6.0 * prev.std()
+        assert flags[i] == want, i
