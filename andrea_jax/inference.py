@@ -89,19 +89,24 @@ def checkpoint_steps(workdir: pathlib.Path) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
+def _read_json(json_path: pathlib.Path, companions, what: str) -> dict:
+    """json_path parsed, once it and its companion files are known to exist (else: `what`)."""
+    for path in (json_path, *companions):
+        if not path.is_file():
+            raise LoadError(f"{path}: missing; {what}")
+    try:
+        return json.loads(json_path.read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{json_path}: not JSON ({e})") from None
+
+
 def load_workdir(workdir, step: int | None = None) -> LoadedModel:
     workdir = pathlib.Path(workdir)
     if not workdir.is_dir():
         raise LoadError(f"{workdir}: no such run folder")
     cfg_path, tok_path = workdir / "config.json", workdir / TOKENIZER
-    for path in (cfg_path, tok_path):
-        if not path.is_file():
-            raise LoadError(f"{path}: missing; {workdir} is not a training run's workdir")
-    try:
-        saved = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise LoadError(f"{cfg_path}: not JSON ({e})") from None
-    cfg = config_from_dict(saved, str(cfg_path))
+    cfg = config_from_dict(_read_json(cfg_path, [tok_path], f"{workdir} is not a training run's workdir"),
+                           str(cfg_path))
     steps = checkpoint_steps(workdir)
     if not steps:
         raise LoadError(f"{workdir / 'checkpoints'}: no checkpoint to load (train with train.checkpoint_every > 0)")
@@ -159,13 +164,7 @@ def load_export(path) -> LoadedModel:
 
     path = pathlib.Path(path)
     cfg_path, weights, tok_path = path / NATIVE_CONFIG, path / NATIVE_WEIGHTS, path / TOKENIZER
-    for p in (cfg_path, weights, tok_path):
-        if not p.is_file():
-            raise LoadError(f"{p}: missing; {path} is not a native export of andrea_jax")
-    try:
-        meta = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise LoadError(f"{cfg_path}: not JSON ({e})") from None
+    meta = _read_json(cfg_path, [weights, tok_path], f"{path} is not a native export of andrea_jax")
     if meta.get("format") != NATIVE_FORMAT:
         hint = " (a Hugging Face export: load it with transformers)" if "model_type" in meta else ""
         raise LoadError(f"{path}: not a native export of andrea_jax{hint}")
