@@ -35,6 +35,7 @@ class ModelConfig:
     init_std: float = 0.02      # std of the normal init of every matrix and embedding
     dtype: str = "float32"      # compute dtype: float32 (CPU default) or bfloat16; params stay float32
     remat: bool = False         # rematerialise each block in the backward pass (saves activation memory)
+    attention: str = "auto"     # auto (cuDNN flash attention where a GPU, bf16 and the head dim allow; else xla) | xla | cudnn (falls back to xla, saying why)
     norm: str = "pre"           # block placement, one of NORMS (formulas: SPEC 2 / andrea_jax.model)
     init: str = "normal"        # one of INITS: normal, scaled (out proj / sqrt(2L)), ds (/ sqrt(2l)), deepnorm
     gates: str = "none"         # learned: a trainable scalar per block, from 0, times alpha (ReZero; +L params)
@@ -238,6 +239,8 @@ def validate(config: Config) -> Config:
     need(m.ln_eps > 0, "model.ln_eps", f"must be positive, got {m.ln_eps}")
     need(m.init_std > 0, "model.init_std", f"must be positive, got {m.init_std}")
     need(m.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {m.dtype!r}")
+    need(m.attention in ("auto", "xla", "cudnn"), "model.attention",
+         f"must be auto, xla or cudnn, got {m.attention!r}")
     need(m.norm in NORMS, "model.norm", f"unknown placement {m.norm!r}; known: {', '.join(NORMS)}")
     need(m.init in INITS, "model.init", f"unknown init {m.init!r}; known: {', '.join(INITS)}")
     need(m.gates in GATES, "model.gates", f"unknown gates {m.gates!r}; known: {', '.join(GATES)}")

@@ -10,7 +10,12 @@ the carry is the residual stream and the scanned input is (alpha_l, l). The mode
 of steps, data or optimizers: `Andrea(cfg).apply(variables, tokens_BT, alphas_L)` is the whole
 contract. With `Andrea(cfg, diagnostics=True)` the scan also emits per-layer statistics as its
 outputs (ys) and apply returns `(logits, stats)`; the flag is static, so a model without it
-computes none of them. Parameters are float32; activations run in `cfg.dtype`.
+computes none of them. Parameters and the residual stream are float32 whatever `cfg.dtype`: only
+the inputs of the sublayers (attention, MLP) are cast to the compute dtype, and every branch is
+added to the stream in float32 with the same float32 alpha, so an early ProRes branch of alpha
+1e-3 is not rounded away by a bf16 stream. The logits are computed over the vocabulary padded to
+a multiple of VOCAB_ALIGN (an aligned matmul), accumulated in float32, and the padding is cut off
+before the softmax: the parameters, their count and checkpoints stay unpadded.
 
 Decoding with a KV cache: `apply(variables, tokens_BT, alphas_L, cache=KVCache(...))` writes the
 keys and values of `tokens_BT` into the cache at slot `cache.index` (one [B, S, H, K] slice per
@@ -68,6 +73,29 @@ def _constrain(x, names):
     return nn.with_logical_constraint(x, names)
 
 
+VOCAB_ALIGN = 128  # the logits matmul runs over the vocabulary padded to a multiple of this
+
+
+def padded_vocab(vocab_size: int) -> int:
+    return -(-vocab_size // VOCAB_ALIGN) * VOCAB_ALIGN
+
+
+def attention_impl(cfg: ModelConfig) -> tuple[str, str]:
+    """(implementation for jax.nn.dot_product_attention, why): cuDNN flash attention where it can
+    run (a GPU, bf16, head dim a multiple of 8 up to 128), XLA's attention otherwise."""
+    head_dim = cfg.d_model // cfg.n_head
+    if cfg.attention == "xla":
+        return "xla", "model.attention=xla"
+    blockers = [why for bad, why in (
+        (jax.default_backend() != "gpu", f"no GPU (backend {jax.default_backend()})"),
+        (cfg.dtype != "bfloat16", f"model.dtype={cfg.dtype} (cuDNN flash attention needs bfloat16)"),
+        (head_dim % 8 or head_dim > 128, f"head dim {head_dim} (cuDNN needs a multiple of 8, at most 128)"),
+    ) if bad]
+    if blockers:
+        return "xla", f"model.attention={cfg.attention} falls back to xla: " + "; ".join(blockers)
+    return "cudnn", f"model.attention={cfg.attention}: cuDNN flash attention"
+
+
 class KVCache(typing.NamedTuple):
     """What one cached forward pass needs besides the tokens (see the module docstring)."""
     k_LBSHK: jnp.ndarray     # keys of every layer, S = model.seq_len slots
@@ -115,7 +143,7 @@ def pre_block(x, a, ops):          # x + a F(Norm(x))
     x, y = ops.residual_norm("ln2", x, f, a)  # the attention residual add fused into the MLP's norm
     f = ops.mlp(y)
     ops.record("mlp", f, a, x)
-    return x + a.astype(x.dtype) * f
+    return x + a * f.astype(x.dtype)
 
 
 def post_block(x, a, ops):         # Norm(x + a F(x))
@@ -133,7 +161,7 @@ def sandwich_block(x, a, ops):     # x + a Norm(F(Norm(x)))
     x, y = ops.residual_norm("ln2", x, f, a)
     f = ops.norm("ln2_out", ops.mlp(y))
     ops.record("mlp", f, a, x)
-    return x + a.astype(x.dtype) * f
+    return x + a * f.astype(x.dtype)
 
 
 def deepnorm_block(x, a, ops):     # Norm(c x + a F(x)), c = (2L)^(1/4)
@@ -153,7 +181,7 @@ def lns_block(x, a, ops):          # x + a F(Norm(x) / sqrt(l))
     x, y = ops.residual_norm("ln2", x, f, a)
     f = ops.mlp(y * shrink)
     ops.record("mlp", f, a, x)
-    return x + a.astype(x.dtype) * f
+    return x + a * f.astype(x.dtype)
 
 
 PLACEMENTS = {"pre": pre_block, "post": post_block, "sandwich": sandwich_block,
@@ -246,6 +274,7 @@ class Block(nn.Module):
 
         def attn(y_BTD):
             B, T, _ = y_BTD.shape
+            y_BTD = y_BTD.astype(dtype)  # the stream is float32; the sublayer computes in dtype
             # The fused [q|k|v] columns viewed as [3, H, K]: a tensor shard slices its own heads
             # out of the weight and computes only those, so q, k, v never move between devices.
             qkv_D3HK = _constrain(qkv_kernel.reshape(D, 3, H, D // H), ("embed", None, "heads", None))
@@ -254,7 +283,8 @@ class Block(nn.Module):
                                    + qkv_bias_3HK.astype(dtype), ("batch", "seq", None, "heads", None))
             q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
             if decode is None:
-                o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True)
+                o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
+                                                      implementation=attention_impl(cfg)[0])
             else:
                 o_BTHK, kv = _cached_attention(q_BTHK, k_BTHK, v_BTHK, *scanned[2:], *decode)
                 kv_written.append(kv)
@@ -262,6 +292,7 @@ class Block(nn.Module):
             return _constrain(o_BTHK.reshape(B, T, D) @ out_kernel.astype(dtype) + out_bias.astype(dtype), STREAM_BTD)
 
         def mlp(y_BTD):
+            y_BTD = y_BTD.astype(dtype)
             h_BTF = _constrain(y_BTD @ fc_kernel.astype(dtype), ("batch", "seq", "mlp"))
             h_BTF = _constrain(kernels.bias_gelu(h_BTF, fc_bias, impl=impl), ("batch", "seq", "mlp"))
             return _constrain(h_BTF @ proj_kernel.astype(dtype) + proj_bias.astype(dtype), STREAM_BTD)
@@ -280,7 +311,7 @@ class Block(nn.Module):
 
         ops = _Ops(attn=attn, mlp=mlp, norm=norm, residual_norm=residual_norm, record=record,
                    layer=layer, n_layer=cfg.n_layer)
-        # alpha stays float32 (the kernels take it so); adds outside kernels cast it to the compute dtype.
+        # alpha stays float32 and every add happens on the float32 stream, in the kernels and outside.
         x_BTD = PLACEMENTS[cfg.norm](_constrain(x_BTD, STREAM_BTD), jnp.asarray(alpha, jnp.float32), ops)
         x_BTD = _constrain(x_BTD, STREAM_BTD)  # the carry leaves the block in the layout it came in
         if self.diagnostics:
@@ -294,6 +325,9 @@ class Andrea(nn.Module):
     cfg: ModelConfig
     impl: str = "auto"
     diagnostics: bool = False  # static: also return the per-layer stats of the scan (see Block)
+    # static: logits over the padded vocabulary with the padding at the float32 minimum (the train
+    # and eval steps: a slice to V would move a tensor-sharded vocabulary between devices)
+    padded_logits: bool = False
 
     @nn.compact
     def __call__(self, tokens_BT, alphas_L, cache: KVCache | None = None):
@@ -315,7 +349,7 @@ class Andrea(nn.Module):
         # The lookup reads whole rows: with the table's D split (FSDP) XLA would instead gather
         # every token id and move the looked-up activations; gathering the weight is cheaper.
         table_VD = _constrain(tok_embedding_VD, ("vocab", None))
-        x_BTD = _constrain((table_VD[tokens_BT] + positions).astype(dtype), STREAM_BTD)
+        x_BTD = _constrain((table_VD[tokens_BT] + positions).astype(jnp.float32), STREAM_BTD)
 
         block = nn.remat(Block, prevent_cse=False) if cfg.remat else Block
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
@@ -331,7 +365,16 @@ class Andrea(nn.Module):
                 x_BTD, scanned + (cache.k_LBSHK, cache.v_LBSHK), decode)
 
         y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=self.impl)
-        logits_BTV = _constrain(jnp.einsum("btd,vd->btv", y_BTD, tok_embedding_VD.astype(dtype)),
+        V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
+        padded_PD = jnp.pad(tok_embedding_VD, ((0, P - V), (0, 0)))  # zero rows
+        logits_BTP = jnp.einsum("btd,pd->btp", y_BTD.astype(dtype), padded_PD.astype(dtype),
+                                preferred_element_type=jnp.float32)
+        if self.padded_logits:  # the loss's layout: padding masked out of the softmax, no slicing
+            real_P = jnp.arange(P) < V
+            logits_BTV = jnp.where(real_P, logits_BTP, jnp.finfo(jnp.float32).min)
+        else:
+            logits_BTV = logits_BTP[..., :V]
+        logits_BTV = _constrain(logits_BTV,
                                 ("batch", "seq", "vocab"))
         if cache is not None:
             return logits_BTV, kv_L

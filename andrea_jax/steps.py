@@ -144,7 +144,7 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
     `diagnostics.every` steps, so ordinary steps compute none of them. With train.microbatches
     > 1 the loss, gradients and statistics are means over the microbatches."""
     sharding.check(cfg, mesh)
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, diagnostics=with_diagnostics)
+    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, diagnostics=with_diagnostics, padded_logits=True)
     schedule = optim.lr_schedule(cfg.optim, cfg.train.steps)
     state_sh = state_shardings(cfg, mesh)
 
@@ -170,7 +170,7 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
 
 def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
     """(params, step, tokens_BT1, bytes_per_token_V) -> (mean loss, UTF-8 bytes of the targets)."""
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl)
+    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, padded_logits=True)
 
     def eval_step(params, step, tokens_BT1, bytes_per_token_V):
         loss = loss_fn(params, model, tokens_BT1, step_alphas(cfg, step))

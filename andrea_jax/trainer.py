@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from andrea_jax import (checkpoint, diagnostics as diag_lib, generate, inference, optim, preemption, resume,
+from andrea_jax import (checkpoint, model as model_lib, diagnostics as diag_lib, generate, inference, optim, preemption, resume,
                         run_lock)
 from andrea_jax.config import Config, ConfigError
 from andrea_jax.data import pipeline, tokenizer as tokenizer_lib
@@ -191,8 +191,8 @@ def _train(cfg: Config, workdir: pathlib.Path, ckpt, show_progress: bool, allow_
     # Printed once signals are caught: from here on SIGTERM / SIGINT stop the run with a checkpoint.
     print(f"ANDREA: {n_params:,} parameters, {len(corpus.train_tokens):,} training tokens, "
           f"{jax.device_count()} {jax.devices()[0].platform} device(s) in {jax.process_count()} "
-          f"process(es), ProRes {cfg.prores.schedule} T={cfg.prores.warmup}"
-          + (f", resumed at step {start}" if start else ""), flush=True)
+          f"process(es), ProRes {cfg.prores.schedule} T={cfg.prores.warmup}, attention: "
+          f"{model_lib.attention_impl(cfg.model)[1]}" + (f", resumed at step {start}" if start else ""), flush=True)
     # The mesh is current while steps are traced, so the kernels see which axes split the rows.
     with jax.set_mesh(mesh):
         try:

@@ -44,7 +44,8 @@ D_NORM, D_GELU = 768, 3072
 # Arrays of [rows, D] the op must read or write at least once (statistics and [D] vectors are
 # negligible): forward, and forward+backward (the backward reads its residuals and cotangents).
 ARRAYS = {
-    "residual_layer_norm": {"fwd": 4, "fwd+bwd": 10},  # x, delta -> h, y | h, delta, dy, dh -> dx, ddelta
+    # alpha is a constant (the ProRes schedule), so the backward neither reads delta nor sums dalpha
+    "residual_layer_norm": {"fwd": 4, "fwd+bwd": 9},   # x, delta -> h, y | h, dy, dh -> dx, ddelta
     "layer_norm": {"fwd": 2, "fwd+bwd": 5},            # x -> y | x, dy -> dx
     "bias_gelu": {"fwd": 2, "fwd+bwd": 5},             # h -> y | h, dy -> dh
 }
@@ -91,9 +92,20 @@ def make_case(op: str, rows: int, dtype, seed: int = 0):
     return primals, cot, fn, D
 
 
-def fwd_bwd(f):
+def fwd_bwd(f, op: str = "", *, trained_alpha: bool = False):
+    """(primals, cot) -> (outputs, cotangents of the differentiated primals).
+
+    residual_layer_norm: alpha (primals[2]) is a constant, not differentiated, as in training
+    with the ProRes schedule: the kernel's backward then skips dalpha, and so must XLA's
+    baseline. The cotangents returned are those of (x, delta, gamma, beta); with
+    `trained_alpha` (correctness only) of all five.
+    """
     def run(primals, cot):
-        out, vjp = jax.vjp(f, *primals)
+        if op == "residual_layer_norm" and not trained_alpha:
+            x, delta, alpha, gamma, beta = primals
+            out, vjp = jax.vjp(lambda x, d, g, b: f(x, d, alpha, g, b), x, delta, gamma, beta)
+        else:
+            out, vjp = jax.vjp(f, *primals)
         return out, vjp(cot)
     return run
 
@@ -126,10 +138,13 @@ def check(op: str, impl: str, dtype, rows: int = 4096 + 7) -> tuple[bool, float]
             return h, reference.layer_norm(h, g, b)
     else:
         ref = fn("ref")
-    out, grads = jax.jit(fwd_bwd(fn(impl)))(primals, cot)
-    r_out, r_grads = jax.jit(fwd_bwd(ref))(up(primals), up(cot))
-    errs = [rel_err(a, b) for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(r_out))]
-    errs += [rel_err(a, b) for a, b in zip(grads, r_grads)]
+    errs = []
+    # residual_layer_norm: the timed backward (constant alpha) and the one with dalpha (trained).
+    for trained in ((False, True) if op == "residual_layer_norm" else (False,)):
+        out, grads = jax.jit(fwd_bwd(fn(impl), op, trained_alpha=trained))(primals, cot)
+        r_out, r_grads = jax.jit(fwd_bwd(ref, op, trained_alpha=trained))(up(primals), up(cot))
+        errs += [rel_err(a, b) for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(r_out))]
+        errs += [rel_err(a, b) for a, b in zip(grads, r_grads)]
     tol = 1e-4 if dtype == jnp.float32 else 1e-2
     return max(errs) <= tol, max(errs)
 
@@ -149,19 +164,36 @@ def chained(step, n: int):
 def time_call(op: str, impl: str, mode: str, rows: int, dtype, chain: int, repeats: int) -> float:
     primals, cot, fn, _ = make_case(op, rows, dtype)
     f = fn("ref" if impl == "xla" else impl)
+    # Every output the kernel writes feeds the next call, so that XLA's baseline cannot drop any
+    # of them (e.g. the store of h, or dgamma) while the opaque kernel computes them all.
+    # [D] sums join their parameter scaled by 1e-30: a real dependency at negligible cost.
+    nudge = lambda p, s: p + (s * 1e-30).astype(p.dtype)
     if mode == "fwd":
         def step(args):
             out = f(*args)
-            first = out[1] if op == "residual_layer_norm" else out  # y feeds the next x
-            return (first.astype(args[0].dtype),) + tuple(args[1:])
+            if op == "residual_layer_norm":  # y -> next x, h -> next delta
+                h, y = out
+                return (y.astype(args[0].dtype), h.astype(args[1].dtype)) + tuple(args[2:])
+            return (out.astype(args[0].dtype),) + tuple(args[1:])
         args = primals
     else:
-        g = fwd_bwd(f)
+        g = fwd_bwd(f, op)
 
         def step(args):
             primals, cot = args
             _, grads = g(primals, cot)
-            return (grads[0].astype(primals[0].dtype),) + tuple(primals[1:]), cot
+            if op == "residual_layer_norm":  # grads of (x, delta, gamma, beta); alpha constant
+                x, delta, alpha, gamma, beta = primals
+                dx, ddelta, dgamma, dbeta = grads
+                new = (dx.astype(x.dtype), ddelta.astype(delta.dtype), alpha,
+                       nudge(gamma, dgamma), nudge(beta, dbeta))
+            elif op == "layer_norm":
+                (x, gamma, beta), (dx, dgamma, dbeta) = primals, grads
+                new = (dx.astype(x.dtype), nudge(gamma, dgamma), nudge(beta, dbeta))
+            else:
+                (h, bias), (dh, dbias) = primals, grads
+                new = (dh.astype(h.dtype), nudge(bias, dbias))
+            return new, cot
         args = (primals, cot)
     run = chained(step, chain)
     jax.block_until_ready(run(args))  # compile and warm up

@@ -6,12 +6,12 @@ Backends (`impl`):
 - `pallas`: Pallas kernels (`pallas_ops.py`) under `jax.custom_vjp` (`fused.py`); Triton-lowered
   on GPU, `interpret=True` elsewhere;
 - `triton`: hand-written Triton kernels through `jax_triton.triton_call` (`triton_ops.py`); GPU only;
-- `auto`: `pallas` on GPU, `xla` elsewhere.
+- `auto`: `xla` everywhere, GPU included, until a GPU measurement of the whole train step shows
+  a kernel backend faster (per-op timings alone do not decide it; docs/BENCHMARKS.md).
 The kernel backends run per row shard under a mesh (`sharded.py`).
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from kernels import reference
@@ -24,11 +24,12 @@ class KernelUnavailableError(RuntimeError):
 
 
 def resolve(impl: str) -> str:
-    """The backend `impl` stands for on this machine ('auto' resolved)."""
+    """The backend `impl` stands for on this machine: 'auto' is 'xla' on every backend, pending a
+    GPU measurement of the whole train step that shows a kernel backend faster."""
     if impl not in IMPLS:
         raise ValueError(f"unknown kernel impl {impl!r}; known: {', '.join(IMPLS)}")
     if impl == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
+        return "xla"
     return impl
 
 

@@ -10,10 +10,13 @@ so autodiff never has to transpose a shard_map around an opaque kernel.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from kernels import sharded
 
@@ -22,43 +25,80 @@ def _rows(a):
     return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Dtypes:
+    """Static residual: the dtypes the backward casts its cotangents to (no array is saved)."""
+    dtypes: tuple
+
+
+jax.tree_util.register_static(_Dtypes)
+
+
+def _instantiate(ct):
+    """A cotangent that `symbolic_zeros` passes as a SymbolicZero, as a zero array."""
+    if isinstance(ct, SymbolicZero):
+        return jnp.zeros(ct.shape, ct.dtype)
+    return ct
+
+
 @functools.lru_cache(maxsize=None)
 def residual_layer_norm_fn(backend, eps: float):
-    """(x, delta, alpha_f32, gamma, beta) -> (h, y) with h = x + alpha delta, y = LN(h)."""
+    """(x, delta, alpha_f32, gamma, beta) -> (h, y) with h = x + alpha delta, y = LN(h).
+
+    With `symbolic_zeros`, the forward rule sees whether alpha is differentiated: alpha is
+    usually a constant (the ProRes schedule), and then the backward neither computes dalpha nor
+    needs delta, so delta is not saved for it. When alpha is perturbed (e.g. a trained gate
+    times the schedule), delta is saved and the kernel reduces dalpha as well.
+    """
 
     def local_fwd(x, delta, alpha, gamma, beta):
         h, y, mean, rstd = backend.ln_fwd(_rows(x), gamma, beta, eps=eps, delta=_rows(delta),
                                           alpha=alpha)
         return h.reshape(x.shape), y.reshape(x.shape), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
 
-    def fwd(x, delta, alpha, gamma, beta):
+    def primal(x, delta, alpha, gamma, beta):
         layout = sharded.row_layout(x)
         h, y, mean, rstd = sharded.call(local_fwd, layout, (x, delta, alpha, gamma, beta),
                                         ("row", "row", "rep", "rep", "rep"),
                                         ("row", "row", "stat", "stat"))
-        return (h, y), (h, delta, alpha, gamma, beta, mean, rstd)
+        return h, y, mean, rstd
 
-    def local_bwd(h, dy, dh, delta, alpha, gamma, mean, rstd):
+    def fwd(x, delta, alpha, gamma, beta):
+        with_dalpha = alpha.perturbed
+        x, delta, alpha, gamma, beta = (p.value for p in (x, delta, alpha, gamma, beta))
+        h, y, mean, rstd = primal(x, delta, alpha, gamma, beta)
+        dtypes = _Dtypes((delta.dtype, alpha.dtype, gamma.dtype, beta.dtype))
+        return (h, y), (h, delta if with_dalpha else None, alpha, gamma, mean, rstd, dtypes)
+
+    def local_bwd(h, dy, dh, alpha, gamma, mean, rstd, *delta):
         dx, ddelta, dgamma, dbeta, dalpha = backend.ln_bwd(
             _rows(h), _rows(dy), gamma, mean.reshape(-1), rstd.reshape(-1), dh=_rows(dh),
-            delta=_rows(delta), alpha=alpha)
-        return dx.reshape(h.shape), ddelta.reshape(h.shape), dgamma, dbeta, dalpha
+            alpha=alpha, delta=_rows(delta[0]) if delta else None)
+        outs = (dx.reshape(h.shape), ddelta.reshape(h.shape), dgamma, dbeta)
+        return outs + ((dalpha,) if delta else ())
 
     def bwd(res, cotangents):
-        h, delta, alpha, gamma, beta, mean, rstd = res
-        dh, dy = cotangents
-        dx, ddelta, dgamma, dbeta, dalpha = sharded.call(
-            local_bwd, sharded.row_layout(h), (h, dy, dh, delta, alpha, gamma, mean, rstd),
-            ("row", "row", "row", "row", "rep", "rep", "stat", "stat"),
-            ("row", "row", "sum", "sum", "sum"))
-        return (dx, ddelta.astype(delta.dtype), dalpha.astype(alpha.dtype),
-                dgamma.astype(gamma.dtype), dbeta.astype(beta.dtype))
+        h, delta, alpha, gamma, mean, rstd, dtypes = res
+        delta_dtype, alpha_dtype, gamma_dtype, beta_dtype = dtypes.dtypes
+        dh, dy = (_instantiate(c) for c in cotangents)
+        with_dalpha = delta is not None
+        outs = sharded.call(
+            local_bwd, sharded.row_layout(h),
+            (h, dy, dh, alpha, gamma, mean, rstd) + ((delta,) if with_dalpha else ()),
+            ("row", "row", "row", "rep", "rep", "stat", "stat") + (("row",) if with_dalpha else ()),
+            ("row", "row", "sum", "sum") + (("sum",) if with_dalpha else ()))
+        dx, ddelta, dgamma, dbeta = outs[:4]
+        # alpha not perturbed: its cotangent is discarded, so a symbolic zero (None) suffices.
+        dalpha = outs[4].astype(alpha_dtype) if with_dalpha else None
+        return (dx, ddelta.astype(delta_dtype), dalpha, dgamma.astype(gamma_dtype),
+                dbeta.astype(beta_dtype))
 
     @jax.custom_vjp
     def op(x, delta, alpha, gamma, beta):
-        return fwd(x, delta, alpha, gamma, beta)[0]
+        h, y, _, _ = primal(x, delta, alpha, gamma, beta)
+        return h, y
 
-    op.defvjp(fwd, bwd)
+    op.defvjp(fwd, bwd, symbolic_zeros=True)
     return op
 
 
@@ -73,7 +113,8 @@ def layer_norm_fn(backend, eps: float):
     def fwd(x, gamma, beta):
         y, mean, rstd = sharded.call(local_fwd, sharded.row_layout(x), (x, gamma, beta),
                                      ("row", "rep", "rep"), ("row", "stat", "stat"))
-        return y, (x, gamma, beta, mean, rstd)
+        # beta is not needed by the backward, only its dtype (static).
+        return y, (x, gamma, mean, rstd, _Dtypes((beta.dtype,)))
 
     def local_bwd(x, dy, gamma, mean, rstd):
         dx, _, dgamma, dbeta, _ = backend.ln_bwd(_rows(x), _rows(dy), gamma, mean.reshape(-1),
@@ -81,10 +122,11 @@ def layer_norm_fn(backend, eps: float):
         return dx.reshape(x.shape), dgamma, dbeta
 
     def bwd(res, dy):
-        x, gamma, beta, mean, rstd = res
+        x, gamma, mean, rstd, dtypes = res
+        (beta_dtype,) = dtypes.dtypes
         dx, dgamma, dbeta = sharded.call(local_bwd, sharded.row_layout(x), (x, dy, gamma, mean, rstd),
                                          ("row", "row", "rep", "stat", "stat"), ("row", "sum", "sum"))
-        return dx, dgamma.astype(gamma.dtype), dbeta.astype(beta.dtype)
+        return dx, dgamma.astype(gamma.dtype), dbeta.astype(beta_dtype)
 
     @jax.custom_vjp
     def op(x, gamma, beta):

@@ -151,10 +151,13 @@ def ln_fwd(x, gamma, beta, *, eps, delta=None, alpha=None):
     return None, y, mean, rstd
 
 
-def _ln_bwd_kernel(*refs, n_rows, n_cols, cols_p2, block, n_sub, residual):
-    if residual:
-        (h_ref, dy_ref, gamma_ref, mean_ref, rstd_ref, dh_ref, delta_ref, alpha_ref,
+def _ln_bwd_kernel(*refs, n_rows, n_cols, cols_p2, block, n_sub, residual, with_dalpha):
+    if with_dalpha:
+        (h_ref, dy_ref, gamma_ref, mean_ref, rstd_ref, dh_ref, alpha_ref, delta_ref,
          dx_ref, ddelta_ref, dgamma_ref, dbeta_ref, dalpha_ref) = refs
+    elif residual:
+        (h_ref, dy_ref, gamma_ref, mean_ref, rstd_ref, dh_ref, alpha_ref,
+         dx_ref, ddelta_ref, dgamma_ref, dbeta_ref) = refs
     else:
         h_ref, dy_ref, gamma_ref, mean_ref, rstd_ref, dx_ref, dgamma_ref, dbeta_ref = refs
     pid = pl.program_id(0)
@@ -179,6 +182,7 @@ def _ln_bwd_kernel(*refs, n_rows, n_cols, cols_p2, block, n_sub, residual):
         if residual:
             dx = dx + _load(dh_ref, rows, cols, mask)
             _store(ddelta_ref, rows, cols, mask, alpha * dx)
+        if with_dalpha:
             dalpha = dalpha + jnp.sum(dx * _load(delta_ref, rows, cols, mask), axis=0)
         _store(dx_ref, rows, cols, mask, dx)
         return dgamma + jnp.sum(dy * xhat, axis=0), dbeta + jnp.sum(dy, axis=0), dalpha
@@ -187,34 +191,44 @@ def _ln_bwd_kernel(*refs, n_rows, n_cols, cols_p2, block, n_sub, residual):
     dgamma, dbeta, dalpha = lax.fori_loop(0, n_sub, body, (zeros, zeros, zeros))
     _store_partial(dgamma_ref, pid, cols, n_cols, dgamma)
     _store_partial(dbeta_ref, pid, cols, n_cols, dbeta)
-    if residual:
+    if with_dalpha:
         _store_partial(dalpha_ref, pid, cols, n_cols, dalpha)
 
 
-def ln_bwd(h, dy, gamma, mean, rstd, *, dh=None, delta=None, alpha=None):
+def ln_bwd(h, dy, gamma, mean, rstd, *, dh=None, alpha=None, delta=None):
     """Cotangents of ln_fwd. h: the normalised input [R, D] (x, or the stream for the residual form).
 
+    The residual form (dh and alpha given) also returns ddelta = alpha dx; dalpha = sum(dx delta)
+    only when `delta` is given too (a static choice: without it the kernel neither reads delta nor
+    reduces dalpha, the usual case of a constant alpha).
     Returns (dx, ddelta or None, dgamma[D], dbeta[D], dalpha or None), sums in float32 over the
     local rows only (the sharded wrapper adds them across devices).
     """
     n_rows, n_cols = h.shape
     cols_p2 = pl.next_power_of_2(n_cols)
     tiling = _row_tiling(n_rows, cols_p2, accumulate=True)
-    residual = delta is not None
+    residual = dh is not None
+    with_dalpha = delta is not None
+    if with_dalpha and not residual:
+        raise ValueError("ln_bwd: dalpha (delta given) needs the residual form (dh and alpha)")
     row_out = jax.ShapeDtypeStruct((n_rows, n_cols), h.dtype)
     part_out = jax.ShapeDtypeStruct((tiling.programs * n_cols,), jnp.float32)
-    out_shape = [row_out] + ([jax.ShapeDtypeStruct(delta.shape, delta.dtype)] if residual else [])
-    out_shape += [part_out, part_out] + ([part_out] if residual else [])
+    out_shape = [row_out] + ([row_out] if residual else [])
+    out_shape += [part_out, part_out] + ([part_out] if with_dalpha else [])
     kernel = functools.partial(_ln_bwd_kernel, n_rows=n_rows, n_cols=n_cols, cols_p2=cols_p2,
-                               block=tiling.block, n_sub=tiling.n_sub, residual=residual)
+                               block=tiling.block, n_sub=tiling.n_sub, residual=residual,
+                               with_dalpha=with_dalpha)
     call = pl.pallas_call(kernel, out_shape=out_shape, grid=(tiling.programs,),
                           interpret=_interpret(), name="residual_layer_norm_bwd" if residual else
                           "layer_norm_bwd", **_params(GPU_TILING.norm_warps, GPU_TILING.bwd_stages))
     col_sum = lambda part: part.reshape(tiling.programs, n_cols).sum(0)
-    if residual:
-        dx, ddelta, dgamma, dbeta, dalpha = call(h, dy, gamma, mean, rstd, dh, delta,
-                                                 jnp.asarray(alpha, jnp.float32))
+    if with_dalpha:
+        dx, ddelta, dgamma, dbeta, dalpha = call(h, dy, gamma, mean, rstd, dh,
+                                                 jnp.asarray(alpha, jnp.float32), delta)
         return dx, ddelta, col_sum(dgamma), col_sum(dbeta), dalpha.sum()
+    if residual:
+        dx, ddelta, dgamma, dbeta = call(h, dy, gamma, mean, rstd, dh, jnp.asarray(alpha, jnp.float32))
+        return dx, ddelta, col_sum(dgamma), col_sum(dbeta), None
     dx, dgamma, dbeta = call(h, dy, gamma, mean, rstd)
     return dx, None, col_sum(dgamma), col_sum(dbeta), None
 

@@ -108,7 +108,8 @@ def _residual_ln_fwd_kernel(x_ptr, delta_ptr, alpha_ptr, gamma_ptr, beta_ptr, n_
 @triton.jit
 def _ln_bwd_kernel(h_ptr, dy_ptr, gamma_ptr, mean_ptr, rstd_ptr, dh_ptr, delta_ptr, alpha_ptr,
                    n_rows, n_cols, n_sub, dx_ptr, ddelta_ptr, dgamma_ptr, dbeta_ptr, dalpha_ptr,
-                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RESIDUAL: tl.constexpr):
+                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RESIDUAL: tl.constexpr,
+                   DALPHA: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < n_cols
@@ -136,6 +137,7 @@ def _ln_bwd_kernel(h_ptr, dy_ptr, gamma_ptr, mean_ptr, rstd_ptr, dh_ptr, delta_p
         if RESIDUAL:
             dx += tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             tl.store(ddelta_ptr + offs, (alpha * dx).to(ddelta_ptr.dtype.element_ty), mask=mask)
+        if DALPHA:
             delta = tl.load(delta_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             dalpha += tl.sum(dx * delta, axis=0)
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -143,7 +145,7 @@ def _ln_bwd_kernel(h_ptr, dy_ptr, gamma_ptr, mean_ptr, rstd_ptr, dh_ptr, delta_p
         dbeta += tl.sum(dy, axis=0)
     tl.store(dgamma_ptr + pid * n_cols + cols, dgamma, mask=col_ok)
     tl.store(dbeta_ptr + pid * n_cols + cols, dbeta, mask=col_ok)
-    if RESIDUAL:
+    if DALPHA:
         tl.store(dalpha_ptr + pid * n_cols + cols, dalpha, mask=col_ok)
 
 
@@ -171,27 +173,35 @@ def ln_fwd(x, gamma, beta, *, eps, delta=None, alpha=None):
     return h, y, mean, rstd
 
 
-def ln_bwd(h, dy, gamma, mean, rstd, *, dh=None, delta=None, alpha=None):
+def ln_bwd(h, dy, gamma, mean, rstd, *, dh=None, alpha=None, delta=None):
+    """As `pallas_ops.ln_bwd`: residual form with dh and alpha; dalpha only when delta is given."""
     n_rows, n_cols = h.shape
     block_r, block_d = _norm_tiles(n_rows, n_cols)
     n_blocks = _cdiv(n_rows, block_r)
     n_sub = min(n_blocks, _sub_blocks(n_blocks, block_r))
     programs = _cdiv(n_blocks, n_sub)
-    residual = delta is not None
-    if not residual:  # unused pointers of the plain form: any live buffers will do
-        dh, delta, alpha = h, h, jnp.zeros((1,), jnp.float32)
+    residual = dh is not None
+    with_dalpha = delta is not None
+    if with_dalpha and not residual:
+        raise ValueError("ln_bwd: dalpha (delta given) needs the residual form (dh and alpha)")
+    # Pointers the kernel never touches (pruned by the constexprs): any live buffers will do.
+    if not residual:
+        dh, alpha = h, jnp.zeros((1,), jnp.float32)
+    if not with_dalpha:
+        delta = h
     alpha = jnp.asarray(alpha, jnp.float32).reshape(1)
     row = jax.ShapeDtypeStruct(h.shape, h.dtype)
     part = jax.ShapeDtypeStruct((programs * n_cols,), jnp.float32)
-    ddelta_out = jax.ShapeDtypeStruct(delta.shape if residual else (1,), delta.dtype)
+    ddelta_out = jax.ShapeDtypeStruct(h.shape if residual else (1,), h.dtype)
+    dalpha_out = part if with_dalpha else jax.ShapeDtypeStruct((1,), jnp.float32)
     dx, ddelta, dgamma, dbeta, dalpha = _call(
         h, dy, gamma, mean, rstd, dh, delta, alpha, n_rows, n_cols, n_sub, kernel=_ln_bwd_kernel,
-        out=[row, ddelta_out, part, part, part], grid=(programs,), num_warps=pallas_ops.GPU_TILING.norm_warps,
-        num_stages=pallas_ops.GPU_TILING.bwd_stages, BLOCK_R=block_r, BLOCK_D=block_d, RESIDUAL=residual)
+        out=[row, ddelta_out, part, part, dalpha_out], grid=(programs,),
+        num_warps=pallas_ops.GPU_TILING.norm_warps, num_stages=pallas_ops.GPU_TILING.bwd_stages,
+        BLOCK_R=block_r, BLOCK_D=block_d, RESIDUAL=residual, DALPHA=with_dalpha)
     col_sum = lambda p: p.reshape(programs, n_cols).sum(0)
-    if residual:
-        return dx, ddelta, col_sum(dgamma), col_sum(dbeta), dalpha.sum()
-    return dx, None, col_sum(dgamma), col_sum(dbeta), None
+    return (dx, ddelta if residual else None, col_sum(dgamma), col_sum(dbeta),
+            dalpha.sum() if with_dalpha else None)
 
 
 # ----------------------------------------------------------------------------- bias + GELU

@@ -6,6 +6,7 @@ reference's own gradients are in turn checked against finite differences.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -121,6 +122,98 @@ def test_residual_layer_norm_every_alpha_with_leading_shape(alpha):
         np.testing.assert_array_equal(np.asarray(h), np.asarray(x))
 
 
+# A constant alpha (the ProRes schedule, not trained): alpha is a traced jit argument but not
+# differentiated, as in the model; the backward then takes the path without dalpha.
+CONST_ALPHA_CASES = [(768, 1030, jnp.float32, 0.37), (1000, 7, jnp.bfloat16, 1.0), (64, 1, jnp.float32, 0.0)]
+
+
+@pytest.mark.parametrize("D,rows,dtype,alpha", CONST_ALPHA_CASES,
+                         ids=[f"D{D}-rows{r}-{jnp.dtype(dt).name}-a{a}" for D, r, dt, a in CONST_ALPHA_CASES])
+def test_residual_layer_norm_constant_alpha_matches_reference(D, rows, dtype, alpha):
+    rng = _rng(D * 10_000 + rows + 5)
+    x, delta = _arr(rng, (rows, D), dtype), _arr(rng, (rows, D), dtype)
+    gamma, beta = _arr(rng, (D,), jnp.float32) + 1.0, _arr(rng, (D,), jnp.float32)
+    cot = (_arr(rng, (rows, D), dtype), _arr(rng, (rows, D), dtype))
+    ref = _residual_ref(dtype)
+
+    @functools.partial(jax.jit, static_argnums=3)
+    def run(primals, a, cotangent, impl):
+        op = (lambda x, d, g, b: kernels.residual_layer_norm(x, d, a, g, b, impl="pallas")) if impl \
+            else (lambda x, d, g, b: ref(x, d, a, g, b))
+        out, vjp = jax.vjp(op, *primals)
+        # Only y used: the cotangent of h reaches the backward as a symbolic zero.
+        y_only = jax.grad(lambda *p: jnp.sum(op(*p)[1].astype(jnp.float32) * cotangent[1]),
+                          argnums=(0, 1, 2, 3))(*primals)
+        return out, vjp(cotangent), y_only
+
+    primals = (x, delta, gamma, beta)
+    out, grads, y_only = run(primals, jnp.float32(alpha), cot, True)
+    r_out, r_grads, r_y_only = run(_up(primals), jnp.float32(alpha), _up(cot), False)
+    what = f"residual_layer_norm constant alpha={alpha} D={D} rows={rows}"
+    jax.tree.map(lambda a, b: assert_close(a, b, TOL[dtype], f"{what} value"), out, r_out)
+    for i, (g, r, p) in enumerate(zip(grads + y_only, r_grads + r_y_only, primals + primals)):
+        assert g.dtype == p.dtype, f"{what}: cotangent {i} dtype {g.dtype} != primal {p.dtype}"
+        assert_close(g, r, TOL[dtype], f"{what} grad {i}")
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, its sub-jaxprs (jit, shard_map, custom rules) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    yield from _eqns(sub.jaxpr)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    yield from _eqns(sub)
+
+
+def _saved_residuals(f, *args) -> str:
+    import contextlib
+    import io
+
+    import jax.ad_checkpoint
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        jax.ad_checkpoint.print_saved_residuals(f, *args)
+    return buf.getvalue()
+
+
+def test_dalpha_is_absent_from_the_backward_when_alpha_is_constant():
+    """Constant alpha: the backward kernel has no dalpha output and no delta input, and delta is
+    not saved for the backward; a trained alpha gets both back. Observed on the jaxpr of the
+    gradient (the backward pallas_call's operand and result counts) and on the residuals that
+    autodiff saves (jax.ad_checkpoint.print_saved_residuals names a saved argument by name)."""
+    rng = _rng(21)
+    x, delta = _arr(rng, (7, 64), jnp.float32), _arr(rng, (7, 64), jnp.float32)
+    gamma, beta = _arr(rng, (64,), jnp.float32), _arr(rng, (64,), jnp.float32)
+
+    def loss(x, delta, gamma, beta, alpha):
+        h, y = kernels.residual_layer_norm(x, delta, alpha, gamma, beta, impl="pallas")
+        return jnp.sum(h * h) + jnp.sum(y * y)
+
+    def bwd_kernels(argnums):
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums))(x, delta, gamma, beta, jnp.float32(0.37))
+        return [(len(e.invars), len(e.outvars)) for e in _eqns(jaxpr.jaxpr)
+                if e.primitive.name == "pallas_call" and "residual_layer_norm_bwd" in str(e.params)]
+
+    # (h, dy, gamma, mean, rstd, dh, alpha) -> (dx, ddelta, dgamma, dbeta): no delta, no dalpha.
+    assert bwd_kernels((0, 1, 2, 3)) == [(7, 4)]
+    # Trained alpha: delta is read and dalpha's partial sums come out.
+    assert bwd_kernels((0, 1, 2, 3, 4)) == [(8, 5)]
+
+    const = _saved_residuals(lambda x, delta, gamma, beta: loss(x, delta, gamma, beta, jnp.float32(0.37)),
+                             x, delta, gamma, beta)
+    trained = _saved_residuals(loss, x, delta, gamma, beta, jnp.float32(0.37))
+    assert "from the argument delta" not in const, const
+    assert "from the argument delta" in trained, trained
+    # The value of beta is never needed by a LayerNorm backward (only its dtype).
+    saved = _saved_residuals(lambda x, gamma, beta: jnp.sum(kernels.layer_norm(x, gamma, beta, impl="pallas") ** 2),
+                             x, gamma, beta)
+    assert "from the argument gamma" in saved and "from the argument beta" not in saved, saved
+    assert "from the argument beta" not in const and "from the argument beta" not in trained
+
+
 @pytest.mark.parametrize("D,rows,dtype", CASES, ids=CASE_IDS)
 def test_layer_norm_matches_reference(D, rows, dtype):
     rng = _rng(D * 10_000 + rows + 1)
@@ -199,8 +292,10 @@ def test_zero_variance_and_huge_inputs_stay_finite(dtype):
 
 # ----------------------------------------------------------------------------- dispatch
 
-def test_auto_is_xla_on_cpu_and_unknown_impl_is_named():
-    assert kernels.resolve("auto") == ("pallas" if jax.default_backend() == "gpu" else "xla")
+def test_auto_is_xla_everywhere_and_unknown_impl_is_named():
+    # 'auto' stays XLA on every backend, GPU included, until a GPU measurement of the whole train
+    # step shows a kernel backend faster (docs/BENCHMARKS.md).
+    assert kernels.resolve("auto") == "xla"
     with pytest.raises(ValueError, match="unknown kernel impl 'cuda'"):
         kernels.layer_norm(jnp.ones((2, 4)), jnp.ones(4), jnp.zeros(4), impl="cuda")
 
