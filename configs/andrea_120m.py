@@ -4,6 +4,11 @@
 tied embedding twice; the true count is what the code reports. Optimizer and ProRes follow the
 paper's setup (SPEC 2): AdamW (0.9, 0.95), wd 0.1, clip 1.0, WSD with 2000 warmup steps and a
 linear decay over the last 10%, batch 512 x 1024, 100k steps, linear ProRes with T = 1000, bf16.
+
+Data: the embedded tinyshakespeare by default, which holds only 293 windows of 1025 tokens, fewer
+than one batch: the run stops saying so. For a smoke run anywhere add `--set train.batch_size=2
+--set train.steps=2`; for real training point `data.source=files` or `tfds` at a web-size corpus
+(README, sections Data and Checkpoints).
 """
 from andrea_jax.config import (Config, DataConfig, ModelConfig, OptimConfig, ProResConfig,
                                TrainConfig)

@@ -117,3 +117,18 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_second():
     readme = (root / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
     assert len(readme) == 2 and "train.py --config tiny" in readme[0]
     assert readme[1] in (root / ".ci" / "run").read_text().splitlines()
+
+
+def test_andrea_120m_on_the_embedded_corpus_stops_in_one_line_and_its_smoke_override_runs(tmp_path):
+    base = [sys.executable, "train.py", "--config", "andrea_120m"]
+    proc = subprocess.run(base + ["--workdir", str(tmp_path / "full")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: the training tokens make 293 windows")
+    assert "--set train.batch_size=N with N <= 293" in proc.stderr
+    smoke = ["--set", "train.batch_size=2", "--set", "train.steps=1", "--set", "train.checkpoint_every=0",
+             "--set", "train.sample_tokens=0", "--set", "train.eval_every=0"]
+    proc = subprocess.run(base + ["--workdir", str(tmp_path / "smoke"), *smoke], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "92,331,264 parameters" in proc.stdout
+    assert np.isfinite(json.loads((tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()[-1])["loss"])

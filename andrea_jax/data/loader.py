@@ -50,7 +50,8 @@ def train_dataset(tokens: np.ndarray, *, seq_len: int, global_batch: int, seed: 
     local = local_batch_size(global_batch, process_count)
     if n < global_batch:
         raise DataError(f"the training tokens make {n} windows of seq_len + 1 = {seq_len + 1}, fewer than "
-                        f"one batch of train.batch_size={global_batch}: use a larger corpus or smaller batches")
+                        f"one batch of train.batch_size={global_batch}: use a larger corpus (data.source=files or "
+                        f"tfds) or --set train.batch_size=N with N <= {n}")
     window_ids = grain.MapDataset.range(n).shuffle(seed=seed % 2**32).repeat(None)
     # Local batch m holds stream positions [m*local, (m+1)*local); global batch k is m = k*P .. k*P + P-1.
     mine = window_ids.batch(local)[process_index::process_count]
