@@ -32,6 +32,8 @@ def wsd_formula(t, *, lr=LR, total=TOTAL, warmup=WARMUP, decay_fraction=0.2):
     return lr * (total - t) / (total - decay_start)
 
 
+# optax evaluates the schedules in float32, the formulas here in float64. Measured: wsd 4.8e-8
+# relative; cosine 4.0e-6 at t = 1 (its float32 warmup ramp rounds a 1e-5 learning rate), 2.1e-7 elsewhere.
 @pytest.mark.parametrize("t", [0, 1, WARMUP // 2, WARMUP, 550, TOTAL - 1, TOTAL])
 def test_cosine_schedule_matches_its_formula(t):
     cfg = OptimConfig(lr=LR, schedule="cosine", warmup_steps=WARMUP, min_lr_ratio=0.1)
@@ -41,7 +43,7 @@ def test_cosine_schedule_matches_its_formula(t):
 @pytest.mark.parametrize("t", [0, WARMUP // 2, WARMUP, 500, 800, 900, TOTAL])
 def test_wsd_schedule_matches_its_formula(t):
     cfg = OptimConfig(lr=LR, schedule="wsd", warmup_steps=WARMUP, decay_fraction=0.2)
-    assert float(optim.lr_schedule(cfg, TOTAL)(t)) == pytest.approx(wsd_formula(t), rel=1e-5, abs=1e-12)
+    assert float(optim.lr_schedule(cfg, TOTAL)(t)) == pytest.approx(wsd_formula(t), rel=1e-6, abs=1e-12)
 
 
 def test_schedule_endpoints():
@@ -90,9 +92,10 @@ def test_gradients_are_clipped_to_the_global_norm(grad_norm):
     tx = optim.make(cfg, 10)
     _, state = tx.update(grads, tx.init(params), params)
     clipped = jax.tree.map(lambda m: m / (1 - cfg.b1), first_moment(state))  # Adam's mu = (1 - b1) g
-    assert float(optax.tree.norm(clipped)) == pytest.approx(min(grad_norm, cfg.clip_norm), rel=1e-5)
+    # float32 arithmetic against float64 formulas: measured 6.0e-8 relative here and in the schedules
+    assert float(optax.tree.norm(clipped)) == pytest.approx(min(grad_norm, cfg.clip_norm), rel=1e-6)
     for c, g in zip(jax.tree.leaves(clipped), jax.tree.leaves(grads)):  # scaled, never turned
-        np.testing.assert_allclose(c, g * min(1.0, cfg.clip_norm / grad_norm), rtol=1e-5)
+        np.testing.assert_allclose(c, g * min(1.0, cfg.clip_norm / grad_norm), rtol=1e-6)
 
 
 @pytest.mark.parametrize("skip", [True, False])

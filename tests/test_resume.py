@@ -76,9 +76,10 @@ def same_run(a, b, *, exact=True):
         assert [[l.get(k) for k in keys] for l in la] == [[l.get(k) for k in keys] for l in lb]
         np.testing.assert_array_equal(sa, sb)
     else:
+        # Another process count sums the all-reduce in another order: measured 1.7e-7 relative.
         for k in ("loss", "grad_norm", "val_loss"):
-            np.testing.assert_allclose([l.get(k, 0) for l in la], [l.get(k, 0) for l in lb], rtol=1e-5)
-        np.testing.assert_allclose(sa, sb, rtol=1e-5)
+            np.testing.assert_allclose([l.get(k, 0) for l in la], [l.get(k, 0) for l in lb], rtol=2e-6)
+        np.testing.assert_allclose(sa, sb, rtol=2e-6)
 
 
 def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path):
