@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax import config as config_lib, model as model_lib, prores
+from andrea_jax import config as config_lib, model as model_lib, prores, sharding
 from andrea_jax.config import Config
 
 NATIVE_WEIGHTS, NATIVE_CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
@@ -61,9 +61,9 @@ def config_from_dict(tree: dict, where: str) -> Config:
         raise LoadError(f"{where}: not a config of this version of andrea_jax ({e})") from None
 
 
-def _replicated(tree):
-    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    return jax.device_put(tree, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+def _replicated():
+    """Parameters for inference live whole on every device of the default mesh."""
+    return jax.sharding.NamedSharding(sharding.make_mesh(), jax.sharding.PartitionSpec())
 
 
 def _restore_params(step_dir: pathlib.Path, cfg: Config):
@@ -71,8 +71,7 @@ def _restore_params(step_dir: pathlib.Path, cfg: Config):
     import orbax.checkpoint as ocp
 
     shapes = model_lib.param_shapes(cfg.model)
-    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    replicated = _replicated()
     target = {"params": jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)}
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     with ocp.PyTreeCheckpointer() as ckptr:
@@ -177,7 +176,7 @@ def load_export(path) -> LoadedModel:
                 jax.tree_util.tree_flatten_with_path(model_lib.param_shapes(cfg.model))[0]}
     if set(flat) != set(expected) or any(flat[k].shape != expected[k].shape for k in expected):
         raise LoadError(f"{weights}: its tensors do not match the model its config describes")
-    params = _replicated(unflatten_params(flat))
+    params = jax.device_put(unflatten_params(flat), _replicated())
     return LoadedModel(cfg, params, Tokenizer.from_file(str(tok_path)), int(meta["step"]), str(path))
 
 
