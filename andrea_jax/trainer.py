@@ -189,7 +189,7 @@ def _train(cfg: Config, workdir: pathlib.Path, ckpt, show_progress: bool, allow_
     saved_at = lambda step: f"{ckpt.directory}/{step}" if ckpt is not None else None
     stop = preemption.StopRequests().install()  # uninstalled in the finally below
     # Printed once signals are caught: from here on SIGTERM / SIGINT stop the run with a checkpoint.
-    print(f"ANDREA: {n_params:,} parameters, {len(corpus.train_tokens):,} training tokens, "
+    print(f"ANDREA: {n_params:,} parameters, {corpus.train_size}, "
           f"{jax.device_count()} {jax.devices()[0].platform} device(s) in {jax.process_count()} "
           f"process(es), ProRes {cfg.prores.schedule} T={cfg.prores.warmup}, attention: "
           f"{model_lib.attention_impl(cfg.model)[1]}" + (f", resumed at step {start}" if start else ""), flush=True)

@@ -137,9 +137,12 @@ def test_data_error_is_one_line_and_exit_1_from_train_py(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("sets, message", [
-    (["data.source=web"], "data.source: unknown source 'web'; known: embedded, files, tfds"),
+    (["data.source=web"], "data.source: unknown source 'web'; known: embedded, files, tfds, prepared"),
     (["data.source=files"], "data.path: data.source=files needs a folder, file or glob"),
-    (["data.path=/x"], "data.path: is only read with data.source=files, not 'embedded'"),
+    (["data.source=prepared"], "data.path: data.source=prepared needs the folder written by python -m andrea_jax.data.prepare"),
+    (["data.tokenizer_sample_mb=0"], "data.tokenizer_sample_mb: must be positive, got 0"),
+    (["data.stream_workers=-1"], "data.stream_workers: must be >= 0, got -1"),
+    (["data.path=/x"], "data.path: is only read with data.source=files or prepared, not 'embedded'"),
     (["data.source=tfds"], "data.tfds_name: data.source=tfds needs a TFDS dataset name"),
     (["data.tfds_val_split=test"], "data.tfds_val_split: is only read with data.source=tfds"),
     (["data.source=tfds", "data.tfds_name=lm1b", "data.tfds_split="], "data.tfds_split: must name the split"),

@@ -90,7 +90,7 @@ def counting(monkeypatch, module, name):
 def test_second_build_reads_the_cache_and_tokenizes_nothing(tmp_path, cache, monkeypatch):
     write_corpus(tmp_path / "corpus")
     cfg = files_cfg(tmp_path / "corpus")
-    encodes = counting(monkeypatch, pretokenize, "encode_documents")
+    encodes = counting(monkeypatch, pretokenize, "encode_batch")
     trains = counting(monkeypatch, tok_lib, "train")
     first = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     assert len(encodes) > 0 and len(trains) == 1
@@ -107,7 +107,7 @@ def test_second_build_reads_the_cache_and_tokenizes_nothing(tmp_path, cache, mon
     third = pipeline.prepare(files_cfg(tmp_path / "corpus", tokenizer=str(other)), vocab_size=300,
                              seq_len=8, cache_dir=cache)
     assert len(encodes) > 0 and third.key != first.key
-    assert len(list(cache.glob("tfds/andrea_text_files/*/1.0.0/tokens-train-*.bin"))) == 2
+    assert len(list(cache.glob("tfds/andrea_text_files/*/1.0.0/tokens-train-*/manifest.json"))) == 2
 
     # Keyed by the source: a changed file builds a new dataset beside the old one.
     encodes.clear()
@@ -155,7 +155,7 @@ def test_tfds_source_reads_the_train_and_validation_splits(tmp_path, cache, tok_
     np.testing.assert_array_equal(corpus.train_tokens, reference(0, 40))
     np.testing.assert_array_equal(corpus.val_tokens, reference(40, 50))
     # The caches sit beside the prepared dataset.
-    assert len(list((tmp_path / "tfds" / "andrea_test_docs" / "1.0.0").glob("tokens-*.bin"))) == 2
+    assert len(list((tmp_path / "tfds" / "andrea_test_docs" / "1.0.0").glob("tokens-*/manifest.json"))) == 2
 
 
 def tiny_overrides(workdir, corpus_dir, steps):

@@ -7,8 +7,9 @@ ids is global: each epoch is a new seeded permutation of all windows (grain's in
 global batch k is stream positions [k*B, (k+1)*B). Process p of P reads rows [p*B/P, (p+1)*B/P) of
 every global batch, so the shares are disjoint and together read every window of every epoch
 exactly once (a batch may straddle two epochs; no window is dropped). A batch is one grain element:
-grain shuffles and groups only integer ids, and one numpy gather per batch copies the windows out of
-the memory-mapped token array.
+grain shuffles and groups only integer ids, and one gather per batch copies the windows out of the
+memory-mapped tokens: one array, or the shards of a prepared dataset (token_shards.ShardedTokens),
+where window w's start w*T maps to (shard, offset) and a shard is opened when a window first needs it.
 
 The iterator's state is the index of the next global batch, the same on every process: it restores
 onto any process count that divides the same global batch (see `state_fingerprint`).
@@ -31,9 +32,12 @@ def num_windows(n_tokens: int, seq_len: int) -> int:
     return max(0, (n_tokens - 1) // seq_len)
 
 
-def gather_windows(tokens: np.ndarray, window_ids, seq_len: int) -> np.ndarray:
-    """Windows [len(window_ids), seq_len + 1] as int32, in one fancy-indexing copy."""
+def gather_windows(tokens, window_ids, seq_len: int) -> np.ndarray:
+    """Windows [len(window_ids), seq_len + 1] as int32, in one copy: by fancy indexing from an
+    array, or shard by shard from a token_shards.ShardedTokens (window start -> (shard, offset))."""
     starts = np.asarray(window_ids, np.int64) * seq_len
+    if hasattr(tokens, "windows"):
+        return tokens.windows(starts, seq_len + 1)
     return np.asarray(tokens[starts[:, None] + np.arange(seq_len + 1)], np.int32)
 
 
@@ -43,7 +47,7 @@ def local_batch_size(global_batch: int, process_count: int) -> int:
     return global_batch // process_count
 
 
-def train_dataset(tokens: np.ndarray, *, seq_len: int, global_batch: int, seed: int,
+def train_dataset(tokens, *, seq_len: int, global_batch: int, seed: int,
                   process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
     """Endless batches [global_batch / process_count, seq_len + 1] of this process's share."""
     n = num_windows(len(tokens), seq_len)
@@ -63,7 +67,7 @@ def train_iterator(dataset: grain.MapDataset, *, num_threads: int = 2, prefetch:
     return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)))
 
 
-def val_batches(tokens: np.ndarray, *, seq_len: int, global_batch: int, max_batches: int,
+def val_batches(tokens, *, seq_len: int, global_batch: int, max_batches: int,
                 process_index: int = 0, process_count: int = 1) -> list[np.ndarray]:
     """The fixed validation set: the first windows of `tokens` in order, cut into global batches
     (the last may be smaller, its size a multiple of process_count), this process's rows of each."""

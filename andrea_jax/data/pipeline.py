@@ -1,9 +1,14 @@
-"""The data path of a run: source -> tokenizer -> cached token arrays -> grain loader + fixed
-validation batches. `build(cfg, workdir)` is all the trainer calls.
+"""The data path of a run: source -> tokenizer -> cached tokens -> grain loader + fixed validation
+batches. `build(cfg, workdir)` is all the trainer calls.
+
+The tokens are always a token dataset of token_shards.py: for embedded, files and tfds the cache of
+one shard made here on first use (pretokenize.py); for data.source=prepared the K shards that
+`python -m andrea_jax.data.prepare` wrote. With data.pretokenize=false the training documents are
+tokenized as they stream instead (streaming.py).
 
 The validation set is a separate split where the source has one (data.tfds_val_split), otherwise
-the last data.val_fraction of the token stream; either way it is fixed for a given dataset and
-tokenizer, and the same on every run.
+the last data.val_fraction of the token stream (streaming: of the documents); either way it is
+fixed for a given dataset and tokenizer, and the same on every run.
 """
 from __future__ import annotations
 
@@ -18,19 +23,27 @@ import jax
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax.data import loader, pretokenize, sources, tokenizer as tokenizer_lib
+from andrea_jax.data import (loader, pretokenize, sampling, sources, streaming, token_shards,
+                             tokenizer as tokenizer_lib)
 from andrea_jax.data.errors import DataError, DataWarning  # noqa: F401  (train.py imports DataError here)
 
 EMBEDDED_CORPUS = sources.EMBEDDED_CORPUS
-TOKENIZER_SAMPLE_CHARS = 64 << 20   # a trained tokenizer sees at most this much of the training text
+TOKENIZER_SAMPLE_CHARS = 64 << 20   # default data.tokenizer_sample_mb: a trained tokenizer's uniform sample
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenizedCorpus:
     tokenizer: Tokenizer
-    train_tokens: np.ndarray   # uint16/uint32 token ids (memory-mapped), end-of-text after each document
-    val_tokens: np.ndarray
+    train_tokens: np.ndarray   # uint16/uint32 token ids (memory-mapped), end-of-text after each document;
+    val_tokens: np.ndarray     # a token_shards.ShardedTokens instead when they span shards of a prepared dataset
     key: str                   # the dataset, splits and tokenizer: what a saved loader state must match
+    train_documents: int = 0   # data.pretokenize=false: the documents streamed (train_tokens is then empty)
+
+    @property
+    def train_size(self) -> str:
+        if self.train_documents:
+            return f"{self.train_documents:,} training documents (tokenized as they stream)"
+        return f"{len(self.train_tokens):,} training tokens"
 
 
 def read_text(path: pathlib.Path) -> str:
@@ -57,9 +70,11 @@ def _tokenizer(source: sources.Source, data_cfg, vocab_size: int, beside: pathli
         tok = tokenizer_lib.load(data_cfg.tokenizer)
     else:
         try:
+            sample_mb = getattr(data_cfg, "tokenizer_sample_mb", TOKENIZER_SAMPLE_CHARS >> 20)
+            suffix = "" if sample_mb << 20 == TOKENIZER_SAMPLE_CHARS else f"-s{sample_mb}mb"
             tok = tokenizer_lib.load_or_train_at(
-                beside / f"tokenizer-{pretokenize.safe_name(split)}-v{vocab_size}.json",
-                pretokenize.iter_texts(source.train, TOKENIZER_SAMPLE_CHARS), vocab_size)
+                beside / f"tokenizer-{pretokenize.safe_name(split)}-v{vocab_size}{suffix}.json",
+                sampling.sample_texts(source.train, sample_mb << 20, seed=0), vocab_size)
         except ValueError as e:  # too little text for the vocabulary
             raise DataError(f"corpus {source.name}: {e}") from None
     if tok.get_vocab_size() != vocab_size:
@@ -79,37 +94,104 @@ def _build_lock(cache_dir: pathlib.Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _as_array(tokens):
+    """A stream inside one shard as its memory-mapped numpy view (what tools and tests expect);
+    a stream across shards stays a ShardedTokens."""
+    if isinstance(tokens, token_shards.ShardedTokens) and tokens.lo < tokens.hi:
+        s = int(np.searchsorted(tokens.starts, tokens.lo, side="right")) - 1
+        if tokens.hi <= tokens.starts[s + 1]:
+            return tokens.shard(s)[tokens.lo - tokens.starts[s]: tokens.hi - tokens.starts[s]]
+    return tokens
+
+
+def _open_prepared(data_cfg, vocab_size: int):
+    """(tokenizer, tokens, key) of a dataset written by `python -m andrea_jax.data.prepare`."""
+    folder = pathlib.Path(data_cfg.path).expanduser()
+    if not folder.is_dir():
+        raise DataError(f"data.path {data_cfg.path!r}: no prepared token dataset there (no such folder)")
+    manifest = token_shards.read_manifest(folder)
+    tok_file = pathlib.Path(data_cfg.tokenizer) if data_cfg.tokenizer else folder / "tokenizer.json"
+    if not tok_file.is_file():
+        raise DataError(f"tokenizer {tok_file} of prepared dataset {folder} does not exist")
+    tok = tokenizer_lib.load(tok_file)
+    tokens = token_shards.ShardedTokens.open(folder, expect_tokenizer=pretokenize.tokenizer_hash(tok),
+                                             tokenizer_name=f"tokenizer {tok_file}")
+    if tok.get_vocab_size() != vocab_size:
+        raise DataError(f"tokenizer {tok_file} has {tok.get_vocab_size()} tokens but model.vocab_size is {vocab_size}")
+    return tok, tokens, f"prepared:{manifest.get('source_key', folder.name)}:{manifest['tokenizer']}"
+
+
 def prepare(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None) -> TokenizedCorpus:
     """Opens the source, loads or trains the tokenizer, loads or builds the token caches."""
     cache_dir = pathlib.Path(cache_dir or tokenizer_lib.default_cache_dir())
     split = data_cfg.tfds_split if data_cfg.source == "tfds" else "train"
-    with _build_lock(cache_dir):
-        source = sources.open_source(data_cfg, cache_dir)
-        beside = _cache_dir_beside(source.dataset_dir, cache_dir)
-        tok = _tokenizer(source, data_cfg, vocab_size, beside, split)
-        tokens = pretokenize.load_or_tokenize(source.train, tok, beside, split, source.name)
-        val_tokens = None if source.val is None else \
-            pretokenize.load_or_tokenize(source.val, tok, beside, data_cfg.tfds_val_split, source.name)
-    if source.val is not None:
+    val_tokens = None
+    if data_cfg.source == "prepared":
+        tok, tokens, key = _open_prepared(data_cfg, vocab_size)
+        name = str(data_cfg.path)
+    else:
+        with _build_lock(cache_dir):
+            source = sources.open_source(data_cfg, cache_dir)
+            beside = _cache_dir_beside(source.dataset_dir, cache_dir)
+            tok = _tokenizer(source, data_cfg, vocab_size, beside, split)
+            tokens = pretokenize.load_or_tokenize(source.train, tok, beside, split, source.name)
+            if source.val is not None:
+                val_tokens = pretokenize.load_or_tokenize(source.val, tok, beside, data_cfg.tfds_val_split,
+                                                          source.name)
+        name = source.name
+        # Location-free: the same data restores from another data_dir; n_tokens (in the fingerprint) adds the rest.
+        key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{pretokenize.tokenizer_hash(tok)}"
+    if val_tokens is not None:
         train_tokens = tokens
         val_name = f"validation split {data_cfg.tfds_val_split!r}"
     else:
         n_val = int(len(tokens) * data_cfg.val_fraction)
         train_tokens, val_tokens = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
         val_name = f"validation part (data.val_fraction={data_cfg.val_fraction})"
-    for name, part in (("training part", train_tokens), (val_name, val_tokens)):
+    for part_name, part in (("training part", train_tokens), (val_name, val_tokens)):
         if len(part) < seq_len + 1:
-            raise DataError(f"the {name} of corpus {source.name} has {len(part)} tokens, fewer than "
+            raise DataError(f"the {part_name} of corpus {name} has {len(part)} tokens, fewer than "
                             f"one window of model.seq_len + 1 = {seq_len + 1}")
-    # Location-free: the same data restores from another data_dir; n_tokens (in the fingerprint) adds the rest.
-    key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{pretokenize.tokenizer_hash(tok)}"
-    return TokenizedCorpus(tok, train_tokens, val_tokens, key)
+    return TokenizedCorpus(tok, _as_array(train_tokens), _as_array(val_tokens), key)
 
 
 def fingerprint(cfg, corpus: TokenizedCorpus) -> dict:
+    if corpus.train_documents:  # streaming: the state is the grain workers' positions
+        return loader.state_fingerprint(
+            tokens_key=f"{corpus.key}:stream:{cfg.data.stream_workers}-workers",
+            n_tokens=corpus.train_documents, seq_len=cfg.model.seq_len, global_batch=cfg.train.batch_size,
+            seed=cfg.train.seed)
     return loader.state_fingerprint(tokens_key=corpus.key, n_tokens=len(corpus.train_tokens),
                                     seq_len=cfg.model.seq_len, global_batch=cfg.train.batch_size,
                                     seed=cfg.train.seed)
+
+
+def streamed(data_cfg, *, vocab_size: int, seq_len: int, max_val_windows: int, cache_dir=None):
+    """(corpus, training documents) of data.pretokenize=false: the tokenizer as prepare() makes it,
+    the training documents untokenized, the validation documents (a split, or the last val_fraction
+    of the documents) tokenized here, as far as the validation batches read."""
+    cache_dir = pathlib.Path(cache_dir or tokenizer_lib.default_cache_dir())
+    split = data_cfg.tfds_split if data_cfg.source == "tfds" else "train"
+    with _build_lock(cache_dir):
+        source = sources.open_source(data_cfg, cache_dir)
+        tok = _tokenizer(source, data_cfg, vocab_size, _cache_dir_beside(source.dataset_dir, cache_dir), split)
+    if source.val is not None:
+        train_docs, val_docs = source.train, source.val
+    else:
+        n = len(source.train)
+        n_val = max(1, int(n * data_cfg.val_fraction))
+        if n - n_val < 1:
+            raise DataError(f"corpus {source.name} has {n} document(s): too few to hold out a validation part "
+                            f"of whole documents (data.pretokenize=false)")
+        train_docs = sampling._Subset(source.train, range(n - n_val))
+        val_docs = sampling._Subset(source.train, range(n - n_val, n))
+    val = streaming.val_tokens(val_docs, tok, max_val_windows * seq_len + 1)
+    if len(val) < seq_len + 1:
+        raise DataError(f"the validation documents of corpus {source.name} have {len(val)} tokens, fewer "
+                        f"than one window of model.seq_len + 1 = {seq_len + 1}")
+    key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{pretokenize.tokenizer_hash(tok)}"
+    corpus = TokenizedCorpus(tok, np.zeros(0, np.uint16), val, key, train_documents=len(train_docs))
+    return corpus, train_docs
 
 
 def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None,
@@ -119,12 +201,19 @@ def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None
     index = jax.process_index() if process_index is None else process_index
     count = jax.process_count() if process_count is None else process_count
     m_cfg, t_cfg = cfg.model, cfg.train
-    corpus = prepare(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
+    if getattr(cfg.data, "pretokenize", True):
+        corpus = prepare(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
+        batches = loader.train_iterator(loader.train_dataset(
+            corpus.train_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.seed,
+            process_index=index, process_count=count))
+    else:
+        corpus, docs = streamed(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len,
+                                max_val_windows=t_cfg.batch_size * t_cfg.eval_batches, cache_dir=cache_dir)
+        batches = iter(streaming.train_dataset(
+            docs, corpus.tokenizer.to_str(), seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size,
+            seed=t_cfg.seed, process_index=index, process_count=count, workers=cfg.data.stream_workers))
     if workdir is not None:
         corpus.tokenizer.save(str(pathlib.Path(workdir) / "tokenizer.json"))
-    batches = loader.train_iterator(loader.train_dataset(
-        corpus.train_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.seed,
-        process_index=index, process_count=count))
     val = loader.val_batches(corpus.val_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size,
                              max_batches=t_cfg.eval_batches, process_index=index, process_count=count)
     return corpus, batches, val

@@ -1,16 +1,14 @@
-"""Documents -> one flat array of token ids, `<|endoftext|>` after every document, cached on disk.
+"""Documents -> token ids, `<|endoftext|>` after every document, cached on disk.
 
 Tokenization runs once per (dataset, split, tokenizer): HF `tokenizers` encodes batches of documents
-in parallel (Rust threads) and the ids stream into `tokens-SPLIT-TOKHASH.bin` (raw uint16, or uint32
-for vocabularies over 65,536) beside the dataset; a JSON sidecar, written last, marks it complete.
-Later runs memory-map the file and tokenize nothing.
+in parallel (Rust threads) and the ids stream into the folder `tokens-SPLIT-TOKHASH/` beside the
+dataset, a token dataset of one shard (token_shards.py: the format `prepare.py` writes with K);
+its manifest, written last, marks it complete. Later runs memory-map it and tokenize nothing.
 """
 from __future__ import annotations
 
 import hashlib
 import itertools
-import json
-import os
 import pathlib
 import re
 from typing import Iterator, Sequence
@@ -18,8 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax.data import tokenizer as tokenizer_lib
-from andrea_jax.data.errors import DataError
+from andrea_jax.data import token_shards, tokenizer as tokenizer_lib
 
 BATCH_BYTES = 16 << 20    # text per encode_batch call: large enough to keep every core busy
 READ_RECORDS = 512        # records fetched from the dataset per read
@@ -59,13 +56,25 @@ def _batches(texts: Iterator[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def encode_documents(tok: Tokenizer, texts: list[str]) -> np.ndarray:
-    """The one place that tokenizes: every document's ids followed by end-of-text, concatenated."""
+def encode_batch(tok: Tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The one place that tokenizes: (every document's ids followed by end-of-text, concatenated;
+    the length of each document's part)."""
     encodings = tok.encode_batch_fast(texts)
     eot = (tokenizer_lib.eot_id(tok),)
-    total = sum(len(e.ids) + 1 for e in encodings)
+    lengths = np.fromiter((len(e.ids) + 1 for e in encodings), np.int64, count=len(encodings))
     ids = itertools.chain.from_iterable(itertools.chain(e.ids, eot) for e in encodings)
-    return np.fromiter(ids, token_dtype(tok.get_vocab_size()), count=total)
+    return np.fromiter(ids, token_dtype(tok.get_vocab_size()), count=int(lengths.sum())), lengths
+
+
+def encode_documents(tok: Tokenizer, texts: list[str]) -> np.ndarray:
+    """Every document's ids followed by end-of-text, concatenated."""
+    return encode_batch(tok, texts)[0]
+
+
+def encode_stream(tok: Tokenizer, texts: Iterator[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids, document lengths) of the texts, encoded a batch of about BATCH_BYTES at a time."""
+    for batch in _batches(texts):
+        yield encode_batch(tok, batch)
 
 
 def safe_name(split: str) -> str:
@@ -73,36 +82,23 @@ def safe_name(split: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.%-]+", "_", split)
 
 
-def _paths(cache_dir: pathlib.Path, split: str, tok: Tokenizer) -> tuple[pathlib.Path, pathlib.Path]:
-    stem = f"tokens-{safe_name(split)}-{tokenizer_hash(tok)}"
-    return cache_dir / f"{stem}.bin", cache_dir / f"{stem}.json"
+def cache_folder(cache_dir: pathlib.Path, split: str, tok: Tokenizer) -> pathlib.Path:
+    return pathlib.Path(cache_dir) / f"tokens-{safe_name(split)}-{tokenizer_hash(tok)}"
 
 
 def load_or_tokenize(records: Sequence, tok: Tokenizer, cache_dir: pathlib.Path, split: str,
-                     source_name: str) -> np.ndarray:
-    """The split's token ids, memory-mapped from the cache; tokenized (once) when not cached."""
-    bin_path, meta_path = _paths(cache_dir, split, tok)
-    if not meta_path.is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = bin_path.with_name(bin_path.name + f".tmp{os.getpid()}")
-        n_tokens = n_docs = 0
-        with tmp.open("wb") as f:
-            for batch in _batches(iter_texts(records)):
-                ids = encode_documents(tok, batch)
-                ids.tofile(f)
-                n_tokens, n_docs = n_tokens + len(ids), n_docs + len(batch)
-        os.replace(tmp, bin_path)
-        meta = {"source": source_name, "split": split, "tokenizer": tokenizer_hash(tok),
-                "dtype": token_dtype(tok.get_vocab_size()).name, "tokens": n_tokens, "documents": n_docs}
-        tmp = meta_path.with_name(meta_path.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, meta_path)  # last: a cache with its sidecar is always complete
-        print(f"data: tokenized {n_docs:,} document(s) of {source_name} ({split}) into {n_tokens:,} tokens "
-              f"in {bin_path}", flush=True)
-    meta = json.loads(meta_path.read_text())
-    dtype = np.dtype(meta["dtype"])
-    if not bin_path.is_file() or bin_path.stat().st_size != meta["tokens"] * dtype.itemsize:
-        raise DataError(f"token cache {bin_path} is missing or truncated: delete it and {meta_path} to rebuild")
-    if meta["tokens"] == 0:
-        return np.zeros(0, dtype)
-    return np.memmap(bin_path, dtype=dtype, mode="r", shape=(meta["tokens"],))
+                     source_name: str) -> token_shards.ShardedTokens:
+    """The split's token ids as a one-shard token dataset (token_shards.py, the format prepare.py
+    writes with many), memory-mapped from the cache; tokenized (once) when not cached."""
+    folder = cache_folder(cache_dir, split, tok)
+    tok_hash = tokenizer_hash(tok)
+    if not (folder / token_shards.MANIFEST).is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        label = {"source": source_name, "split": split, "tokenizer": tok_hash}
+        marker = token_shards.write_shard(folder, token_shards.shard_stem(tok_hash, 0, 1),
+                                          encode_stream(tok, iter_texts(records)),
+                                          token_dtype(tok.get_vocab_size()), label)
+        token_shards.write_manifest(folder, [marker], **label)  # last: a folder with a manifest is complete
+        print(f"data: tokenized {marker['documents']:,} document(s) of {source_name} ({split}) into "
+              f"{marker['tokens']:,} tokens in {folder}", flush=True)
+    return token_shards.ShardedTokens.open(folder, expect_tokenizer=tok_hash)

@@ -33,6 +33,9 @@ class AndreaTextFiles(tfds.core.GeneratorBasedBuilder):
     def __init__(self, *, files: Sequence[pathlib.Path], **kwargs):
         self._files = list(files)
         super().__init__(**kwargs)
+        # TFDS pickles a builder (and its data sources, which grain's workers receive) as its
+        # constructor's arguments: ours include the files.
+        self._original_state = dict(self._original_state, files=self._files)
 
     # Nothing to download, so no checksums file to look up: that lookup needs importlib_resources,
     # which TFDS 4.9 uses but does not declare on Python >= 3.9 (tensorflow/datasets#11212).

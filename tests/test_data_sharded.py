@@ -1,0 +1,93 @@
+"""The loader on a token dataset of many shards: the same windows as on one flat array, window by
+window; disjoint per-process shares covering each epoch; only the shards a process's windows need
+are opened; resume exact across shard boundaries.
+
+The tokens are arange(N) cut into shards of uneven sizes (one empty), so every window says where it
+came from and a window that straddles a boundary is read from two (or three) shards.
+"""
+import numpy as np
+import pytest
+
+from andrea_jax.data import loader, token_shards
+
+T = 4
+N_TOKENS = 37 * T + 1
+TOKENS = np.arange(N_TOKENS, dtype=np.uint16)
+SIZES = [30, 3, 0, 50, 17, N_TOKENS - 100]   # boundaries inside windows; a shard shorter than a window
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    markers, start = [], 0
+    for s, size in enumerate(SIZES):
+        ids = TOKENS[start:start + size]
+        start += size
+        markers.append(token_shards.write_shard(tmp_path, token_shards.shard_stem("abc", s, len(SIZES)),
+                                                [(ids, np.array([size]) if size else np.zeros(0, np.int64))],
+                                                np.uint16, {"tokenizer": "abc"}))
+    token_shards.write_manifest(tmp_path, markers, tokenizer="abc")
+    return token_shards.ShardedTokens.open(tmp_path, expect_tokenizer="abc")
+
+
+def test_the_shards_are_the_flat_stream_and_slices_are_views(sharded):
+    assert len(sharded) == N_TOKENS and sharded.opened_shards() == []
+    np.testing.assert_array_equal(np.asarray(sharded), TOKENS)
+    part = sharded[25:140]
+    assert isinstance(part, token_shards.ShardedTokens) and len(part) == 115
+    np.testing.assert_array_equal(np.asarray(part), TOKENS[25:140])
+    np.testing.assert_array_equal(np.asarray(part[10:20]), TOKENS[35:45])
+    assert part[-1] == TOKENS[139]
+
+
+def test_sharded_loader_equals_flat_loader_window_by_window(sharded):
+    n = loader.num_windows(N_TOKENS, T)
+    np.testing.assert_array_equal(loader.gather_windows(sharded, np.arange(n), T),
+                                  loader.gather_windows(TOKENS, np.arange(n), T))
+    flat = loader.train_dataset(TOKENS, seq_len=T, global_batch=8, seed=5)
+    shards = loader.train_dataset(sharded, seq_len=T, global_batch=8, seed=5)
+    for k in range(14):                     # three epochs of 37 windows
+        np.testing.assert_array_equal(shards[k], flat[k])
+    val = loader.val_batches(sharded[120:], seq_len=T, global_batch=4, max_batches=3)
+    np.testing.assert_array_equal(np.concatenate(val), loader.gather_windows(TOKENS[120:], np.arange(7), T))
+
+
+def test_a_process_opens_only_the_shards_its_windows_need(tmp_path, sharded):
+    reopened = token_shards.ShardedTokens.open(tmp_path)
+    loader.val_batches(reopened[130:], seq_len=T, global_batch=4, max_batches=1)
+    assert reopened.opened_shards() == [5]  # the validation tail lies in the last shard only
+    loader.gather_windows(reopened, [8], T)  # tokens 32..36: shards 1, (the empty 2), 3
+    assert reopened.opened_shards() == [1, 3, 5]
+
+
+@pytest.mark.parametrize("process_count", [2, 4])
+def test_shares_are_disjoint_and_cover_each_epoch(sharded, process_count):
+    n, global_batch = 37, 8
+    shares = [loader.train_dataset(sharded, seq_len=T, global_batch=global_batch, seed=1, process_index=p,
+                                   process_count=process_count) for p in range(process_count)]
+    single = loader.train_dataset(TOKENS, seq_len=T, global_batch=global_batch, seed=1)
+    stream = []
+    for k in range(14):
+        rows = np.concatenate([share[k] for share in shares])
+        np.testing.assert_array_equal(rows, single[k])  # the processes' rows are the one-process batch
+        np.testing.assert_array_equal(rows, rows[:, :1] + np.arange(T + 1))
+        stream += (rows[:, 0] // T).tolist()
+    for e in range(3):
+        assert sorted(stream[e * n:(e + 1) * n]) == list(range(n))
+
+
+def test_resume_across_a_shard_boundary_is_exact(sharded, tmp_path):
+    fingerprint = loader.state_fingerprint(tokens_key="k", n_tokens=N_TOKENS, seq_len=T, global_batch=4, seed=2)
+    it = loader.train_iterator(loader.train_dataset(sharded, seq_len=T, global_batch=4, seed=2))
+    for _ in range(7):
+        next(it)
+    loader.save_state(it, tmp_path / "state.json", fingerprint)
+    expected = [next(it) for _ in range(6)]
+    starts = np.concatenate(expected)[:, 0]
+    boundaries = np.cumsum(SIZES)[:-1]
+    straddling = [s for s in starts if any(s < b < s + T + 1 for b in boundaries)]
+    assert straddling  # the batches after the resume point read windows that cross a shard boundary
+    again = loader.train_iterator(loader.train_dataset(token_shards.ShardedTokens.open(tmp_path), seq_len=T,
+                                                       global_batch=4, seed=2))
+    loader.restore_state(again, tmp_path / "state.json", fingerprint)
+    for want in expected:
+        np.testing.assert_array_equal(next(again), want)

@@ -1,0 +1,206 @@
+"""`python -m andrea_jax.data.prepare`: one Beam pipeline (DirectRunner, 2 worker processes, 3
+shards) whose token ids equal the single-process path's document by document; idempotent reruns;
+an interrupted run completed on rerun; the tokenizer's uniform sample; bad input in one line."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("apache_beam")
+
+from andrea_jax import config as config_lib  # noqa: E402
+from andrea_jax.data import pipeline, prepare, sampling, token_shards, tokenizer as tok_lib  # noqa: E402
+from andrea_jax.data.errors import DataError  # noqa: E402
+
+SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
+PARAGRAPHS = [p for p in SHAKESPEARE[:300_000].split("\n\n") if p.strip()]
+
+
+def write_corpus(folder, n_files=5):
+    """n_files .jsonl files of paragraphs and one .txt; returns the documents in corpus order."""
+    folder.mkdir(parents=True)
+    docs = []
+    for f in range(n_files):
+        part = PARAGRAPHS[f * len(PARAGRAPHS) // n_files:(f + 1) * len(PARAGRAPHS) // n_files]
+        (folder / f"part{f}.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in part))
+        docs += part
+    (folder / "z_last.txt").write_text("The very last document.\n")
+    return docs + ["The very last document.\n"]
+
+
+def run(corpus, out, *extra, shards=3, workers=2):
+    argv = ["--source", "files", "--path", str(corpus), "--out", str(out), "--workers", str(workers),
+            "--shards", str(shards), *extra]
+    return prepare.main(argv)
+
+
+def shard_documents(out):
+    """The prepared dataset's documents (token id lists), shard by shard, split by its index."""
+    tokens = token_shards.ShardedTokens.open(out)
+    docs = []
+    for s in range(len(tokens.files)):
+        ids = np.asarray(tokens.shard(s))
+        ends = tokens.document_ends(s)
+        docs += [ids[a:b].tolist() for a, b in zip(np.concatenate([[0], ends[:-1]]), ends)]
+    return tokens, docs
+
+
+def mtimes(out):
+    return {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+
+
+def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_path, tok_path, capsys):
+    docs = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "prepared"
+    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0, capsys.readouterr().err
+    tok = tok_lib.load(tok_path)
+
+    # Document by document, in corpus order: each document's own encoding followed by end-of-text.
+    tokens, got = shard_documents(out)
+    assert len(tokens.files) == 3 and all(c > 0 for c in tokens.counts)
+    assert len(got) == len(docs)
+    for i, (want_text, ids) in enumerate(zip(docs, got)):
+        assert ids == tok_lib.encode(tok, want_text) + [tok_lib.eot_id(tok)], f"document {i}"
+
+    # The same stream as the single-process path a training run takes on these files.
+    cfg = config_lib.DataConfig(source="files", path=str(tmp_path / "corpus"), tokenizer=str(tok_path))
+    flat = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(np.concatenate([flat.train_tokens, flat.val_tokens]), np.asarray(tokens))
+    # ... and read as a prepared dataset, the same split into training and validation tokens.
+    prepared = pipeline.prepare(config_lib.DataConfig(source="prepared", path=str(out)),
+                                vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(np.asarray(prepared.train_tokens), flat.train_tokens)
+    np.testing.assert_array_equal(np.asarray(prepared.val_tokens), flat.val_tokens)
+    capsys.readouterr()
+
+    # A rerun on the complete output does nothing: no pipeline, no file touched.
+    before = mtimes(out)
+    stream = np.asarray(tokens).copy()
+    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
+    assert "is complete" in capsys.readouterr().out
+    assert mtimes(out) == before
+
+    # Interrupted: no manifest yet, shard 1 lost with its marker, shard 2 cut short under its marker.
+    (out / token_shards.MANIFEST).unlink()
+    (out / f"{tokens.files[1][:-4]}.bin").unlink()
+    (out / f"{tokens.files[1][:-4]}.done.json").unlink()
+    with open(out / tokens.files[2], "r+b") as f:
+        f.truncate(100)
+    (out / f"{tokens.files[1]}.tmp4242").write_bytes(b"half a shard")   # as a killed worker leaves it
+    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
+    assert not list(out.glob("*.tmp*"))
+    assert '"shards_tokenized": 2' in capsys.readouterr().out
+    after = mtimes(out)
+    assert after[tokens.files[0]] == before[tokens.files[0]]   # the complete shard was not redone
+    assert after[tokens.files[1]] != before[tokens.files[1]]
+    np.testing.assert_array_equal(np.asarray(token_shards.ShardedTokens.open(out)), stream)
+
+    # A shard damaged after completion (the manifest still there): the rerun redoes that one.
+    with open(out / tokens.files[0], "r+b") as f:
+        f.truncate(10)
+    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
+    printed = capsys.readouterr().out
+    assert f"token shard {out / tokens.files[0]} has 10 bytes" in printed and '"shards_tokenized": 1' in printed
+    np.testing.assert_array_equal(np.asarray(token_shards.ShardedTokens.open(out)), stream)
+
+
+def test_trained_tokenizer_sees_a_uniform_sample_from_the_whole_corpus(tmp_path, capsys):
+    docs = write_corpus(tmp_path / "corpus")
+    n_sample = 300  # of 2097 documents
+    assert run(tmp_path / "corpus", tmp_path / "out", "--vocab-size", "400", "--tokenizer-docs",
+               str(n_sample)) == 0, capsys.readouterr().err
+    # The reference sample: the documents of smallest seeded key, independently of Beam.
+    counts = [len(PARAGRAPHS[f * len(PARAGRAPHS) // 5:(f + 1) * len(PARAGRAPHS) // 5]) for f in range(5)] + [1]
+    ids = [sampling.doc_id(u, j) for u, n in enumerate(counts) for j in range(n)]   # (file, document)
+    chosen = sorted(np.argsort(sampling.keys(ids, 0), kind="stable")[:n_sample])
+    assert max(chosen) > len(docs) * 0.9        # documents from the end of the corpus are in it
+    assert min(chosen) < len(docs) * 0.1
+    want = tok_lib.train([docs[i] for i in chosen], 400)
+    got = tok_lib.load(tmp_path / "out" / "tokenizer.json")
+    assert got.to_str() == want.to_str()
+    # The tokenizer's hash names the shards and the manifest.
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    tok_hash = manifest["tokenizer"]
+    assert all(s["file"].startswith(f"tokens-{tok_hash}-") for s in manifest["shards"])
+
+
+def test_sample_texts_is_seeded_uniform_and_keeps_a_small_corpus_whole():
+    records = [{"text": f"document {i:04d}."} for i in range(2000)]   # 14 characters each
+    picked = [int(t[9:13]) for t in sampling.sample_texts(records, 200 * 14, seed=0)]
+    assert len(picked) == 200 and picked == sorted(picked)
+    assert max(picked) >= 1800 and min(picked) < 200            # from the whole corpus, end included
+    deciles = np.bincount(np.asarray(picked) // 200, minlength=10)
+    assert deciles.min() >= 8, deciles                          # 20 expected per decile
+    assert [int(t[9:13]) for t in sampling.sample_texts(records, 200 * 14, seed=1)] != picked
+    assert [t for t in sampling.sample_texts(records, 10**9, seed=0)] == [r["text"] for r in records]
+
+
+def error_line(capsys):
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_bad_input_is_one_line_naming_the_file(tmp_path, tok_path, capsys):
+    # An empty corpus (found in a worker, reported by the driver).
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.jsonl").write_text('{"text": "  "}\n\n')
+    assert run(tmp_path / "empty", tmp_path / "out_empty", "--tokenizer", str(tok_path), workers=1, shards=1) == 1
+    assert error_line(capsys) == f"error: corpus {tmp_path}/empty/a.jsonl is empty"
+
+    # A tokenizer other than the one the output was prepared with.
+    write_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    other = tmp_path / "other.json"
+    tok_lib.train([SHAKESPEARE[300_000:400_000]], 300).save(str(other))
+    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
+    capsys.readouterr()
+    assert run(tmp_path / "corpus", out, "--tokenizer", str(other)) == 1
+    line = error_line(capsys)
+    assert line.startswith(f"error: --tokenizer {other} (hash ") and f"is not the tokenizer {out}/tokenizer.json" in line
+
+    # Training on it with another tokenizer is refused by the loader, naming the manifest.
+    cfg = config_lib.DataConfig(source="prepared", path=str(out), tokenizer=str(other))
+    with pytest.raises(DataError, match=rf"token dataset {out} was tokenized by tokenizer \w+ \(its manifest.json\) "
+                                        rf"but tokenizer {other} is \w+") as info:
+        pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+    assert "\n" not in str(info.value)
+
+    # An unreadable (truncated) shard.
+    shard = sorted(out.glob("tokens-*-00001-of-00003.bin"))[0]
+    size = shard.stat().st_size
+    os.truncate(shard, 10)
+    with pytest.raises(DataError, match=rf"token shard {shard} has 10 bytes, not {size:,}: prepare the dataset again"):
+        pipeline.prepare(config_lib.DataConfig(source="prepared", path=str(out)), vocab_size=300, seq_len=8,
+                         cache_dir=tmp_path / "cache")
+
+
+def test_published_corpus_files_json_gz_and_parquet(tmp_path):
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = PARAGRAPHS[:30]
+    with gzip.open(tmp_path / "c4-train.00000-of-01024.json.gz", "wt") as f:
+        f.writelines(json.dumps({"text": d, "url": "u", "timestamp": "t"}) + "\n" for d in docs[:20])
+    pq.write_table(pa.table({"text": docs[20:], "id": list(range(10))}), tmp_path / "000_00000.parquet")
+    files = prepare._hf_files(str(tmp_path))
+    assert [p.name for p in files] == ["000_00000.parquet", "c4-train.00000-of-01024.json.gz"]
+    assert [d for p in files for d in prepare.unit_documents(("hf-jsonl", str(p)))] == docs[20:] + docs[:20]
+
+    (tmp_path / "cut.json.gz").write_bytes(gzip.compress(b'{"text": "a"}\n' * 100)[:40])
+    with pytest.raises(DataError, match=rf"{tmp_path}/cut.json.gz: unreadable \(EOFError"):
+        list(prepare.unit_documents(("hf-jsonl", str(tmp_path / "cut.json.gz"))))
+    pq.write_table(pa.table({"content": ["x"]}), tmp_path / "other.parquet")
+    with pytest.raises(DataError, match=rf"{tmp_path}/other.parquet: no 'text' column \(it has: content\)"):
+        list(prepare.unit_documents(("hf-jsonl", str(tmp_path / "other.parquet"))))
+
+
+def test_units_are_cut_into_contiguous_shards_of_about_equal_size():
+    assert prepare.assign_shards([10] * 6, 3) == [[0, 1], [2, 3], [4, 5]]
+    assert prepare.assign_shards([1, 1, 1, 100], 2) == [[0, 1, 2], [3]]
+    assert prepare.assign_shards([100, 1, 1, 1], 2) == [[0], [1, 2, 3]]
+    assert prepare.assign_shards([10, 10], 3) == [[0], [], [1]]   # fewer units than shards: one stays empty
