@@ -427,6 +427,8 @@ def describe_data(data_cfg) -> str:
         return f"files {data_cfg.path}"
     if data_cfg.source == "tfds":
         return f"tfds {data_cfg.tfds_name}"
+    if data_cfg.source == "prepared":
+        return f"prepared dataset {data_cfg.path}"
     return "embedded tinyshakespeare"
 
 

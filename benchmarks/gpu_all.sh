@@ -1,17 +1,52 @@
 #!/usr/bin/env bash
-# Every GPU check and benchmark in one device call, sized for under 8 minutes on one H200:
-# kernels against XLA (correctness on the GPU, then GB/s and speedup), then train-step MFU of
-# ANDREA-120M with XLA and with Pallas kernels. Synthetic tokens only: the GPU machine has no
-# grain / TFDS. Results go to $OUT (the device tool's folder) or ./gpu_results.
+# Every GPU benchmark in one command, sized for under 8 minutes on one H200 (docs/BENCHMARKS.md):
+#   1. kernels       the fused kernels against XLA: correctness, then time / GB/s / speedup
+#   2. train_step    andrea_120m, bf16, seq 1024, batch 64 (halved on out-of-memory), crossing
+#                    remat none|dots|full x attention cudnn|xla x kernels xla|pallas, most useful
+#                    first; variants not started within the phase's budget are recorded as skipped
+#   3. microbatches  the paper's 512 x 1024 batch as train.microbatches slices of 64 rows
+# Each phase runs under its own timeout; every result is appended to $out/results.jsonl the
+# moment it exists (one JSON object per line, fields in benchmarks/train_step.py), so a phase
+# that times out keeps all it finished. tokens/s, MFU and peak memory are printed as they come.
+# Synthetic tokens only: the GPU machine has no grain / TFDS / tokenizers.
+#
+#   bash benchmarks/gpu_all.sh            # on the GPU; results in $OUT (the device tool's folder) or ./gpu_results
+#   bash benchmarks/gpu_all.sh --smoke    # the same phases on CPU at tiny shapes (tests/test_benchmarks.py)
 set -u
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu_results}"
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt"
-python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
-timeout 330 python3 benchmarks/kernels_gpu.py --budget-s 300 --out "$out/kernels.md" --json "$out/kernels.jsonl" \
+results="$out/results.jsonl"
+py="${PYTHON:-python3}"
+
+if [ "${1:-}" = "--smoke" ]; then
+  export JAX_PLATFORMS=cpu
+  kernel_args=(--allow-cpu --rows 64 --dtypes float32 --chain 1 --repeats 1 --budget-s 30)
+  model=(--config tiny --set model.n_layer=2 --set model.seq_len=32 --set model.d_model=32 --set model.vocab_size=512)
+  step_args=(--batch 4 --steps 2 --cross model.remat=none,dots,full --cross model.attention=cudnn
+             --cross kernels.impl=xla)
+  micro_args=(--batch 8 --steps 1 --set train.microbatches=2)
+  t_kernels=120; t_step=180; t_micro=120; budget=150
+else
+  export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"  # "fills the chip"
+  kernel_args=(--rows 32768,65536 --dtypes bfloat16 --budget-s 70)
+  model=(--config andrea_120m --set model.dtype=bfloat16 --set model.seq_len=1024)
+  step_args=(--batch 64 --steps 10 --halve-on-oom
+             --cross model.remat=none,dots,full --cross model.attention=cudnn,xla --cross kernels.impl=xla,pallas)
+  micro_args=(--batch 512 --steps 3 --set model.attention=auto --set kernels.impl=xla
+              --cross train.microbatches=8,16)
+  t_kernels=110; t_step=240; t_micro=110; budget=190
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+fi
+"$py" -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
+
+echo "== phase kernels (timeout ${t_kernels}s)"
+timeout "$t_kernels" "$py" benchmarks/kernels_gpu.py "${kernel_args[@]}" --out "$out/kernels.md" --json "$results" \
   2>&1 | tee "$out/kernels.log"
-for impl in xla pallas; do
-  timeout 60 python3 benchmarks/train_step.py --config andrea_120m --batch 32 --steps 20 --set kernels.impl=$impl \
-    2>&1 | tail -1 | tee -a "$out/train_step.jsonl"
-done
+echo "== phase train_step (timeout ${t_step}s)"
+timeout "$t_step" "$py" benchmarks/train_step.py "${model[@]}" "${step_args[@]}" --phase train_step \
+  --budget-s "$budget" --jsonl "$results" 2>&1 | grep --line-buffered -v '^{' | tee "$out/train_step.log"
+echo "== phase microbatches (timeout ${t_micro}s)"
+timeout "$t_micro" "$py" benchmarks/train_step.py "${model[@]}" "${micro_args[@]}" --phase microbatches \
+  --budget-s $((t_micro / 2)) --jsonl "$results" 2>&1 | grep --line-buffered -v '^{' | tee "$out/microbatches.log"
+echo "== $(wc -l < "$results") results in $results"

@@ -208,6 +208,12 @@ def time_call(op: str, impl: str, mode: str, rows: int, dtype, chain: int, repea
 # ----------------------------------------------------------------------------- main
 
 
+def append_json(path: str | None, record: dict) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="8192,32768,65536", help="comma-separated row counts (tokens)")
@@ -218,7 +224,7 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="also time a few Pallas GPU tilings")
     p.add_argument("--budget-s", type=float, default=420.0, help="start no new case after this")
     p.add_argument("--out", help="write the markdown table here too")
-    p.add_argument("--json", help="write one JSON line per measurement here")
+    p.add_argument("--json", help="append one JSON line per check and measurement here, as each is made")
     p.add_argument("--allow-cpu", action="store_true",
                    help="run anyway without a GPU (interpret mode: a smoke test of this script, not a benchmark)")
     a = p.parse_args(argv)
@@ -250,6 +256,8 @@ def main(argv=None) -> int:
                     failed.append((op, impl, dtype.name, type(exc).__name__))
                     continue
                 print(f"{'PASS' if ok else 'FAIL'} {op:20s} {impl:7s} {dtype.name:9s} {err:.2e}", flush=True)
+                append_json(a.json, dict(phase="kernels_check", op=op, impl=impl, dtype=dtype.name,
+                                         ok=bool(ok), rel_err=err))
                 if not ok:
                     failed.append((op, impl, dtype.name, err))
 
@@ -295,9 +303,10 @@ def main(argv=None) -> int:
                                 f"{gbs:.0f} | {100 * gbs * 1e9 / HBM_BYTES_PER_S:.0f}% | {speedup} |")
                         print(line, flush=True)
                         lines.append(line)
-                        records.append(dict(op=op, mode=mode, dtype=dtype.name, rows=rows, D=D, impl=label,
-                                            seconds=t, bytes=nbytes, gb_per_s=gbs,
+                        records.append(dict(phase="kernels", op=op, mode=mode, dtype=dtype.name, rows=rows, D=D,
+                                            impl=label, seconds=t, bytes=nbytes, gb_per_s=gbs,
                                             speedup_vs_xla=(base / t if base else None)))
+                        append_json(a.json, records[-1])  # now: a timeout later must not lose it
     if out_of_time:
         print(f"(stopped starting new cases after --budget-s {a.budget_s:.0f} s)")
 
@@ -314,8 +323,6 @@ def main(argv=None) -> int:
 
     if a.out:
         pathlib.Path(a.out).write_text("\n".join(lines) + "\n")
-    if a.json:
-        pathlib.Path(a.json).write_text("".join(json.dumps(r) + "\n" for r in records))
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
     if failed:
         print(f"CORRECTNESS FAILURES: {failed}")

@@ -25,7 +25,7 @@ def test_overrides_are_parsed_by_declared_type():
     cfg = config_lib.override(config_lib.load("tiny"), [
         "model.n_layer=6", "optim.lr=1e-3", "model.remat=true", "prores.schedule=equal", "train.steps=1_000"])
     assert (cfg.model.n_layer, cfg.optim.lr, cfg.model.remat, cfg.prores.schedule, cfg.train.steps) == \
-        (6, 1e-3, True, "equal", 1000)
+        (6, 1e-3, "full", "equal", 1000)   # the old boolean true means remat full
 
 
 @pytest.mark.parametrize("assignment,named", [
