@@ -21,6 +21,7 @@ class ConfigError(ValueError):
 NORMS = ("pre", "post", "sandwich", "deepnorm", "lns")   # block placements, paper Table 1 (SPEC 2)
 INITS = ("normal", "scaled", "ds", "deepnorm")           # matrix inits (SPEC 2)
 GATES = ("none", "learned")                              # residual gates besides the ProRes alpha
+REMATS = ("none", "full", "dots")                        # model.remat policies (andrea_jax.model)
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,18 @@ class ModelConfig:
     ln_eps: float = 1e-5        # LayerNorm epsilon (GPT-2 convention)
     init_std: float = 0.02      # std of the normal init of every matrix and embedding
     dtype: str = "float32"      # compute dtype: float32 (CPU default) or bfloat16; params stay float32
-    remat: bool = False         # rematerialise each block in the backward pass (saves activation memory)
+    remat: str = "none"         # one of REMATS: what the backward pass recomputes of each block instead of storing it
+                                # (none; full: everything, the least memory; dots: all but the projection matmuls' outputs)
     attention: str = "auto"     # auto (cuDNN flash attention where a GPU, bf16 and the head dim allow; else xla) | xla | cudnn (falls back to xla, saying why)
     norm: str = "pre"           # block placement, one of NORMS (formulas: SPEC 2 / andrea_jax.model)
     init: str = "normal"        # one of INITS: normal, scaled (out proj / sqrt(2L)), ds (/ sqrt(2l)), deepnorm
     gates: str = "none"         # learned: a trainable scalar per block, from 0, times alpha (ReZero; +L params)
+
+    def __post_init__(self):
+        # model.remat was a bool before none|full|dots: True / "true" (old configs, checkpoints,
+        # --set model.remat=true) still mean full, False / "false" none.
+        if isinstance(self.remat, bool) or str(self.remat).lower() in ("true", "false"):
+            object.__setattr__(self, "remat", "full" if str(self.remat).lower() == "true" else "none")
 
 
 @dataclass(frozen=True)
@@ -79,8 +87,9 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "embedded"    # embedded (shipped tinyshakespeare) | files (data.path) | tfds (data.tfds_name)
-    path: str = ""              # files: a folder (read recursively), a file or a glob of .txt / .jsonl (`text` field) files
+    source: str = "embedded"    # embedded (shipped tinyshakespeare) | files (data.path) | tfds (data.tfds_name) | prepared (data.path)
+    path: str = ""              # files: a folder (read recursively), a file or a glob of .txt / .jsonl (`text` field) files;
+                                # prepared: the folder `python -m andrea_jax.data.prepare --out` wrote
     tfds_name: str = ""         # tfds: a registered TFDS text dataset (a `text` feature), e.g. lm1b or c4/en
     tfds_split: str = "train"   # tfds: the split trained on, in TFDS split syntax (e.g. train[:10%])
     tfds_val_split: str = ""    # tfds: the split validated on (e.g. test); empty = the val_fraction tail of training
@@ -88,6 +97,9 @@ class DataConfig:
     data_dir: str = ""          # TFDS data_dir; empty = $ANDREA_CACHE/tfds (embedded, files) or TFDS's default (tfds)
     val_fraction: float = 0.05  # tail of the token stream held out as the fixed validation set (no tfds_val_split)
     tokenizer: str = ""         # path of a tokenizer.json to use; empty = train on the corpus (cached beside it)
+    tokenizer_sample_mb: int = 64  # a trained tokenizer sees a seeded uniform sample of about this much of the documents
+    pretokenize: bool = True    # false: grain workers tokenize and pack documents on the fly (slower, not bit-identical)
+    stream_workers: int = 2     # pretokenize=false: grain worker processes that tokenize (0 = in the training process)
 
 
 @dataclass(frozen=True)
@@ -244,6 +256,7 @@ def validate(config: Config) -> Config:
     need(m.norm in NORMS, "model.norm", f"unknown placement {m.norm!r}; known: {', '.join(NORMS)}")
     need(m.init in INITS, "model.init", f"unknown init {m.init!r}; known: {', '.join(INITS)}")
     need(m.gates in GATES, "model.gates", f"unknown gates {m.gates!r}; known: {', '.join(GATES)}")
+    need(m.remat in REMATS, "model.remat", f"unknown remat policy {m.remat!r}; known: {', '.join(REMATS)}")
     g = config.diagnostics
     need(g.every >= 0, "diagnostics.every", f"must be >= 0, got {g.every}")
     need(g.spike_window >= 2, "diagnostics.spike_window", f"must be >= 2, got {g.spike_window}")
@@ -266,17 +279,24 @@ def validate(config: Config) -> Config:
     need(t.sample_tokens >= 0, "train.sample_tokens", f"must be >= 0, got {t.sample_tokens}")
     need(t.checkpoint_every >= 0, "train.checkpoint_every", f"must be >= 0, got {t.checkpoint_every}")
     need(t.keep_checkpoints > 0, "train.keep_checkpoints", f"must be positive, got {t.keep_checkpoints}")
-    need(d.source in ("embedded", "files", "tfds"), "data.source",
-         f"unknown source {d.source!r}; known: embedded, files, tfds")
+    need(d.source in ("embedded", "files", "tfds", "prepared"), "data.source",
+         f"unknown source {d.source!r}; known: embedded, files, tfds, prepared")
     need(d.source != "files" or bool(d.path), "data.path",
          "data.source=files needs a folder, file or glob of .txt / .jsonl files")
-    need(d.source == "files" or not d.path, "data.path", f"is only read with data.source=files, not {d.source!r}")
+    need(d.source != "prepared" or bool(d.path), "data.path",
+         "data.source=prepared needs the folder written by python -m andrea_jax.data.prepare")
+    need(d.source in ("files", "prepared") or not d.path, "data.path",
+         f"is only read with data.source=files or prepared, not {d.source!r}")
     need(d.source != "tfds" or bool(d.tfds_name), "data.tfds_name",
          "data.source=tfds needs a TFDS dataset name, e.g. lm1b or c4/en")
     for key, value in (("data.tfds_name", d.tfds_name), ("data.tfds_val_split", d.tfds_val_split)):
         need(d.source == "tfds" or not value, key, f"is only read with data.source=tfds, not {d.source!r}")
     need(d.source != "tfds" or bool(d.tfds_split), "data.tfds_split", "must name the split to train on")
     need(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
+    need(d.tokenizer_sample_mb > 0, "data.tokenizer_sample_mb", f"must be positive, got {d.tokenizer_sample_mb}")
+    need(d.stream_workers >= 0, "data.stream_workers", f"must be >= 0, got {d.stream_workers}")
+    need(d.pretokenize or d.source != "prepared", "data.pretokenize",
+         "must be true with data.source=prepared: a prepared dataset is already tokenized")
     need(k.impl in ("auto", "xla", "pallas", "triton"), "kernels.impl",
          f"must be auto, xla, pallas or triton, got {k.impl!r}")
     need(t.microbatches > 0, "train.microbatches", f"must be positive, got {t.microbatches}")

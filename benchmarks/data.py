@@ -2,10 +2,12 @@
 
 1. Loader: tokens/s out of the grain iterator of one process, at ANDREA-120M's shapes (seq_len
    1024, windows of 1025 tokens), through the same `loader.train_dataset` / `train_iterator` the
-   trainer uses, on a token dataset of one shard (what the trainer maps as one array) and of
-   --shards shards (token_shards.ShardedTokens: window -> (shard, offset)). Best of --repeats runs
-   of --batches batches after a warm-up; the OS page cache holds the files, as for data read every
-   epoch.
+   trainer uses, on a token dataset (token_shards.ShardedTokens: a TFDS array_record dataset, one
+   record per document; window -> (shard, record, offset), one array_record read per shard and
+   batch) of one shard (the pretokenize cache) and of --shards shards (a prepared dataset), its
+   documents of random lengths averaging --doc-tokens tokens (C4's are about 500). Best of
+   --repeats runs of --batches batches after a warm-up; the OS page cache holds the files, as for
+   data read every epoch.
 2. Pretokenization: HF tokenizers batch encoding over documents (the embedded corpus cut into
    paragraphs) with its 8449-token BPE.
 3. With --prepare: `python -m andrea_jax.data.prepare` (Beam DirectRunner, multi-processing) on a
@@ -16,6 +18,7 @@
    processes tokenized shards and how many shards were tokenized at the same time.
 
     python benchmarks/data.py                      # loader + pretokenization, synthetic 64M tokens
+    python benchmarks/data.py --doc-tokens 50      # short documents: many records per window
     python benchmarks/data.py --tokens DIR         # a prepared token dataset (prepare.py --out DIR)
     python benchmarks/data.py --prepare            # + the Beam preparation, 1 and 2 workers
 """
@@ -57,13 +60,18 @@ def measure(tokens, global_batch: int, process_count: int, batches: int, repeats
     return best
 
 
-def synthetic_dataset(folder: pathlib.Path, n_tokens: int, shards: int) -> token_shards.ShardedTokens:
+def synthetic_dataset(folder: pathlib.Path, n_tokens: int, shards: int, doc_tokens: int) -> token_shards.ShardedTokens:
+    """Random ids in documents of geometric lengths of mean doc_tokens, cut into `shards` shards."""
     folder.mkdir(parents=True)
-    ids = np.random.default_rng(0).integers(0, 8449, n_tokens, dtype=np.uint16)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 8449, n_tokens, dtype=np.uint16)
     bounds = [n_tokens * s // shards for s in range(shards + 1)]
-    markers = [token_shards.write_shard(folder, token_shards.shard_stem("synthetic", s, shards),
-                                        [(ids[lo:hi], np.array([hi - lo]))], np.uint16, {"tokenizer": "synthetic"})
-               for s, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+    markers = []
+    for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        ends = np.cumsum(rng.geometric(1 / doc_tokens, 2 * (hi - lo) // doc_tokens + 10))
+        lengths = np.diff(np.concatenate([[0], ends[ends < hi - lo], [hi - lo]]))
+        markers.append(token_shards.write_shard(folder, token_shards.shard_file(s, shards), [(ids[lo:hi], lengths)],
+                                                np.uint16, {"tokenizer": "synthetic"}))
     token_shards.write_manifest(folder, markers, tokenizer="synthetic")
     return token_shards.ShardedTokens.open(folder)
 
@@ -114,6 +122,7 @@ def main() -> None:
     parser.add_argument("--tokens", help="a prepared token dataset folder; default: a synthetic one")
     parser.add_argument("--n-tokens", type=int, default=64 << 20, help="size of the synthetic dataset")
     parser.add_argument("--shards", type=int, default=16, help="shards of the synthetic sharded dataset")
+    parser.add_argument("--doc-tokens", type=int, default=500, help="mean document length of the synthetic dataset")
     parser.add_argument("--batches", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="grain ReadOptions.num_threads")
@@ -130,14 +139,20 @@ def main() -> None:
         elif args.tokens:
             datasets = {f"{args.tokens}": token_shards.ShardedTokens.open(args.tokens)}
         else:
-            datasets = {"1 shard": synthetic_dataset(tmp / "one", args.n_tokens, 1),
-                        f"{args.shards} shards": synthetic_dataset(tmp / "many", args.n_tokens, args.shards)}
+            datasets = {}
+            for name, folder, shards in (("1 shard", "one", 1), (f"{args.shards} shards", "many", args.shards)):
+                start = time.perf_counter()
+                datasets[name] = synthetic_dataset(tmp / folder, args.n_tokens, shards, args.doc_tokens)
+                size = sum((tmp / folder / f).stat().st_size for f in datasets[name].files)
+                print(f"wrote {args.n_tokens:,} tokens in {int(datasets[name].documents.sum()):,} documents "
+                      f"(records) into {shards} array_record shard(s) in {time.perf_counter() - start:.1f} s: "
+                      f"{size / 2 / args.n_tokens:.3f} x the raw uint16 size")
         for name, tokens in datasets.items():
-            flat = pipeline._as_array(tokens)   # one shard: the memory-mapped array the trainer gets
-            print(f"{len(tokens):,} tokens ({name}), seq_len {SEQ_LEN}, {args.threads} grain threads")
+            print(f"{len(tokens):,} tokens ({name}, {int(tokens.documents.sum()):,} documents), seq_len {SEQ_LEN}, "
+                  f"{args.threads} grain threads")
             for global_batch, processes in SHAPES:
                 local = global_batch // processes
-                rate = measure(flat, global_batch, processes, args.batches, args.repeats, args.threads)
+                rate = measure(tokens, global_batch, processes, args.batches, args.repeats, args.threads)
                 print(f"  per-process batch {local:4d} x {SEQ_LEN + 1} (global {global_batch}, {processes} processes): "
                       f"{rate / 1e6:8.1f} M tokens/s")
         text = pipeline.read_text(pipeline.EMBEDDED_CORPUS)

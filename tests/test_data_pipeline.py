@@ -9,7 +9,7 @@ import tensorflow_datasets as tfds
 
 import train as train_cli
 from andrea_jax import checkpoint, config as config_lib
-from andrea_jax.data import loader, pipeline, pretokenize, tokenizer as tok_lib
+from andrea_jax.data import loader, pipeline, pretokenize, token_shards, tokenizer as tok_lib
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 
@@ -97,9 +97,18 @@ def test_second_build_reads_the_cache_and_tokenizes_nothing(tmp_path, cache, mon
     encodes.clear(), trains.clear()
     second = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     assert encodes == [] and trains == []
-    assert isinstance(second.train_tokens, np.memmap)
+    assert isinstance(second.train_tokens, token_shards.ShardedTokens)   # read from the cache
     np.testing.assert_array_equal(first.train_tokens, second.train_tokens)
     assert first.key == second.key
+
+    # A cache in an older token format (the raw .bin files before array_record) is remade, not misread.
+    (manifest,) = cache.glob("tfds/andrea_text_files/*/1.0.0/tokens-train-*/manifest.json")
+    manifest.write_text(json.dumps({"format": "andrea-tokens/1"}))
+    (manifest.parent / "tokens-old-00000-of-00001.bin").write_bytes(b"\0" * 10)
+    remade = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
+    assert len(encodes) > 0 and not (manifest.parent / "tokens-old-00000-of-00001.bin").exists()
+    np.testing.assert_array_equal(remade.train_tokens, first.train_tokens)
+    encodes.clear()
 
     # Keyed by the tokenizer: another tokenizer tokenizes again, into a second cache file.
     other = tmp_path / "other.json"

@@ -2,13 +2,16 @@
 window; disjoint per-process shares covering each epoch; only the shards a process's windows need
 are opened; resume exact across shard boundaries.
 
-The tokens are arange(N) cut into shards of uneven sizes (one empty), so every window says where it
-came from and a window that straddles a boundary is read from two (or three) shards.
+The tokens are arange(N) cut into shards of uneven sizes (one empty), and each shard into documents
+(records) of uneven sizes, so every window says where it came from, and a window that straddles a
+boundary is read from two (or three) shards and several records.
 """
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 from andrea_jax.data import loader, token_shards
+from andrea_jax.data.errors import DataError
 
 T = 4
 N_TOKENS = 37 * T + 1
@@ -22,9 +25,10 @@ def sharded(tmp_path):
     for s, size in enumerate(SIZES):
         ids = TOKENS[start:start + size]
         start += size
-        markers.append(token_shards.write_shard(tmp_path, token_shards.shard_stem("abc", s, len(SIZES)),
-                                                [(ids, np.array([size]) if size else np.zeros(0, np.int64))],
-                                                np.uint16, {"tokenizer": "abc"}))
+        cuts = [c for c in (1, 2, 7, 20, 33, 45) if c < size]   # documents of 1, 1, 5, 13, ... tokens
+        lengths = np.diff([0, *cuts, size]) if size else np.zeros(0, np.int64)
+        markers.append(token_shards.write_shard(tmp_path, token_shards.shard_file(s, len(SIZES)),
+                                                [(ids, lengths)], np.uint16, {"tokenizer": "abc"}))
     token_shards.write_manifest(tmp_path, markers, tokenizer="abc")
     return token_shards.ShardedTokens.open(tmp_path, expect_tokenizer="abc")
 
@@ -91,3 +95,34 @@ def test_resume_across_a_shard_boundary_is_exact(sharded, tmp_path):
     loader.restore_state(again, tmp_path / "state.json", fingerprint)
     for want in expected:
         np.testing.assert_array_equal(next(again), want)
+
+
+def test_tfds_reads_the_shards_as_its_own_dataset(sharded, tmp_path):
+    source = tfds.builder_from_directory(str(tmp_path)).as_data_source("train")
+    assert len(source) == sum(len(sharded.shard_documents(s)) for s in range(len(SIZES)))
+    np.testing.assert_array_equal(np.concatenate([source[i]["tokens"] for i in range(len(source))]), TOKENS)
+
+
+def test_a_damaged_shard_is_one_line_naming_the_file(sharded, tmp_path):
+    path = tmp_path / token_shards.shard_file(3, len(SIZES))
+    data = bytearray(path.read_bytes())
+    data[300] ^= 0xFF   # inside a chunk (record) header: the file keeps its size, Riegeli's hash catches it
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf"^token shard {path} is unreadable \(Corrupted Riegeli/records file: "
+                                        rf"chunk header hash mismatch .*\): prepare the dataset again$"):
+        loader.gather_windows(token_shards.ShardedTokens.open(tmp_path), [10], T)   # tokens 40..44: shard 3
+    path.write_bytes(bytes(data[:1000]))
+    with pytest.raises(DataError, match=rf"^token shard {path} has 1,000 bytes, not {len(data):,}: prepare the "
+                                        rf"dataset again \(a rerun redoes only the missing shards once "
+                                        rf"{tmp_path}/manifest.json is deleted\)$"):
+        token_shards.ShardedTokens.open(tmp_path)
+
+
+def test_an_index_that_does_not_match_its_records_is_one_line_naming_the_record(sharded, tmp_path):
+    index = tmp_path / token_shards.index_file(token_shards.shard_file(3, len(SIZES)))
+    ends = np.load(index)
+    ends[1] += 1   # documents 1 and 2 of shard 3 (1 and 5 tokens) said to be 2 and 4
+    np.save(index, ends)
+    with pytest.raises(DataError, match=rf"^token shard {tmp_path}/{token_shards.shard_file(3, len(SIZES))} record 1 "
+                                        rf"is not the 2 token ids its index says: prepare the dataset again$"):
+        loader.gather_windows(token_shards.ShardedTokens.open(tmp_path), [8], T)   # tokens 32..36: its records 0 - 2

@@ -1,16 +1,18 @@
 """`python -m andrea_jax.data.prepare`: one Beam pipeline (DirectRunner, 2 worker processes, 3
 shards) whose token ids equal the single-process path's document by document; idempotent reruns;
-an interrupted run completed on rerun; the tokenizer's uniform sample; bad input in one line."""
+an interrupted run completed on rerun; TFDS reads the output as its own array_record dataset; the
+tokenizer's uniform sample; bad input in one line."""
 import json
 import os
 
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 pytest.importorskip("apache_beam")
 
 from andrea_jax import config as config_lib  # noqa: E402
-from andrea_jax.data import pipeline, prepare, sampling, token_shards, tokenizer as tok_lib  # noqa: E402
+from andrea_jax.data import pipeline, prepare, pretokenize, sampling, token_shards, tokenizer as tok_lib  # noqa: E402
 from andrea_jax.data.errors import DataError  # noqa: E402
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
@@ -36,14 +38,16 @@ def run(corpus, out, *extra, shards=3, workers=2):
 
 
 def shard_documents(out):
-    """The prepared dataset's documents (token id lists), shard by shard, split by its index."""
+    """The prepared dataset's documents (token id lists), shard by shard, one per record."""
     tokens = token_shards.ShardedTokens.open(out)
-    docs = []
-    for s in range(len(tokens.files)):
-        ids = np.asarray(tokens.shard(s))
-        ends = tokens.document_ends(s)
-        docs += [ids[a:b].tolist() for a, b in zip(np.concatenate([[0], ends[:-1]]), ends)]
+    docs = [d.tolist() for s in range(len(tokens.files)) for d in tokens.shard_documents(s)]
+    for s in range(len(tokens.files)):   # the index: each record's end offset in its shard
+        np.testing.assert_array_equal(tokens.document_ends(s), np.cumsum([len(d) for d in tokens.shard_documents(s)]))
     return tokens, docs
+
+
+def tokens_hash(out):
+    return json.loads((out / "manifest.json").read_text())["tokenizer"]
 
 
 def mtimes(out):
@@ -60,8 +64,20 @@ def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_pa
     tokens, got = shard_documents(out)
     assert len(tokens.files) == 3 and all(c > 0 for c in tokens.counts)
     assert len(got) == len(docs)
-    for i, (want_text, ids) in enumerate(zip(docs, got)):
-        assert ids == tok_lib.encode(tok, want_text) + [tok_lib.eot_id(tok)], f"document {i}"
+    want = [tok_lib.encode(tok, text) + [tok_lib.eot_id(tok)] for text in docs]
+    for i, (want_ids, ids) in enumerate(zip(want, got)):
+        assert ids == want_ids, f"document {i}"
+
+    # TFDS reads the output as its own dataset: K array_record shards it names, one record per
+    # document, labelled by the tokenizer's hash; no TensorFlow involved.
+    builder = tfds.builder_from_directory(str(out))
+    assert builder.info.file_format.value == "array_record" and builder.info.config_name == tokens_hash(out)
+    assert builder.info.splits["train"].shard_lengths == [int(n) for n in tokens.documents]
+    assert sorted(p.name for p in out.glob("andrea_tokens-train.array_record-*-of-00003")) == [
+        f"andrea_tokens-train.array_record-{s:05d}-of-00003" for s in range(3)]
+    source = builder.as_data_source("train")
+    assert len(source) == len(docs)
+    assert [source[i]["tokens"].tolist() for i in range(len(source))] == want
 
     # The same stream as the single-process path a training run takes on these files.
     cfg = config_lib.DataConfig(source="files", path=str(tmp_path / "corpus"), tokenizer=str(tok_path))
@@ -83,8 +99,8 @@ def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_pa
 
     # Interrupted: no manifest yet, shard 1 lost with its marker, shard 2 cut short under its marker.
     (out / token_shards.MANIFEST).unlink()
-    (out / f"{tokens.files[1][:-4]}.bin").unlink()
-    (out / f"{tokens.files[1][:-4]}.done.json").unlink()
+    (out / tokens.files[1]).unlink()
+    (out / token_shards.marker_file(tokens.files[1])).unlink()
     with open(out / tokens.files[2], "r+b") as f:
         f.truncate(100)
     (out / f"{tokens.files[1]}.tmp4242").write_bytes(b"half a shard")   # as a killed worker leaves it
@@ -119,10 +135,12 @@ def test_trained_tokenizer_sees_a_uniform_sample_from_the_whole_corpus(tmp_path,
     want = tok_lib.train([docs[i] for i in chosen], 400)
     got = tok_lib.load(tmp_path / "out" / "tokenizer.json")
     assert got.to_str() == want.to_str()
-    # The tokenizer's hash names the shards and the manifest.
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    tok_hash = manifest["tokenizer"]
-    assert all(s["file"].startswith(f"tokens-{tok_hash}-") for s in manifest["shards"])
+    # The tokenizer's hash names the dataset (TFDS's config name) and labels the manifest and shards.
+    out = tmp_path / "out"
+    tok_hash = tokens_hash(out)
+    assert tok_hash == pretokenize.tokenizer_hash(got)
+    assert tfds.builder_from_directory(str(out)).info.config_name == tok_hash
+    assert all(json.loads(p.read_text())["tokenizer"] == tok_hash for p in out.glob("*.done.json"))
 
 
 def test_sample_texts_is_seeded_uniform_and_keeps_a_small_corpus_whole():
@@ -169,7 +187,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, tok_path, capsys):
     assert "\n" not in str(info.value)
 
     # An unreadable (truncated) shard.
-    shard = sorted(out.glob("tokens-*-00001-of-00003.bin"))[0]
+    shard = out / token_shards.shard_file(1, 3)
     size = shard.stat().st_size
     os.truncate(shard, 10)
     with pytest.raises(DataError, match=rf"token shard {shard} has 10 bytes, not {size:,}: prepare the dataset again"):

@@ -8,8 +8,9 @@ global batch k is stream positions [k*B, (k+1)*B). Process p of P reads rows [p*
 every global batch, so the shares are disjoint and together read every window of every epoch
 exactly once (a batch may straddle two epochs; no window is dropped). A batch is one grain element:
 grain shuffles and groups only integer ids, and one gather per batch copies the windows out of the
-memory-mapped tokens: one array, or the shards of a prepared dataset (token_shards.ShardedTokens),
-where window w's start w*T maps to (shard, offset) and a shard is opened when a window first needs it.
+tokens: an array, or a token dataset (token_shards.ShardedTokens), where window w's start w*T maps
+to (shard, record, offset), a shard is opened when a window first needs it, and each shard's records
+of the batch are one array_record read.
 
 The iterator's state is the index of the next global batch, the same on every process: it restores
 onto any process count that divides the same global batch (see `state_fingerprint`).
@@ -33,8 +34,8 @@ def num_windows(n_tokens: int, seq_len: int) -> int:
 
 
 def gather_windows(tokens, window_ids, seq_len: int) -> np.ndarray:
-    """Windows [len(window_ids), seq_len + 1] as int32, in one copy: by fancy indexing from an
-    array, or shard by shard from a token_shards.ShardedTokens (window start -> (shard, offset))."""
+    """Windows [len(window_ids), seq_len + 1] as int32: by fancy indexing from an array, or
+    shard by shard from a token_shards.ShardedTokens (window start -> (shard, record, offset))."""
     starts = np.asarray(window_ids, np.int64) * seq_len
     if hasattr(tokens, "windows"):
         return tokens.windows(starts, seq_len + 1)

@@ -34,8 +34,8 @@ TOKENIZER_SAMPLE_CHARS = 64 << 20   # default data.tokenizer_sample_mb: a traine
 @dataclasses.dataclass(frozen=True)
 class TokenizedCorpus:
     tokenizer: Tokenizer
-    train_tokens: np.ndarray   # uint16/uint32 token ids (memory-mapped), end-of-text after each document;
-    val_tokens: np.ndarray     # a token_shards.ShardedTokens instead when they span shards of a prepared dataset
+    train_tokens: token_shards.ShardedTokens   # token ids, end-of-text after each document (np.asarray: an array)
+    val_tokens: token_shards.ShardedTokens     # (an array with data.pretokenize=false)
     key: str                   # the dataset, splits and tokenizer: what a saved loader state must match
     train_documents: int = 0   # data.pretokenize=false: the documents streamed (train_tokens is then empty)
 
@@ -94,16 +94,6 @@ def _build_lock(cache_dir: pathlib.Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _as_array(tokens):
-    """A stream inside one shard as its memory-mapped numpy view (what tools and tests expect);
-    a stream across shards stays a ShardedTokens."""
-    if isinstance(tokens, token_shards.ShardedTokens) and tokens.lo < tokens.hi:
-        s = int(np.searchsorted(tokens.starts, tokens.lo, side="right")) - 1
-        if tokens.hi <= tokens.starts[s + 1]:
-            return tokens.shard(s)[tokens.lo - tokens.starts[s]: tokens.hi - tokens.starts[s]]
-    return tokens
-
-
 def _open_prepared(data_cfg, vocab_size: int):
     """(tokenizer, tokens, key) of a dataset written by `python -m andrea_jax.data.prepare`."""
     folder = pathlib.Path(data_cfg.path).expanduser()
@@ -152,7 +142,7 @@ def prepare(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None) -> Token
         if len(part) < seq_len + 1:
             raise DataError(f"the {part_name} of corpus {name} has {len(part)} tokens, fewer than "
                             f"one window of model.seq_len + 1 = {seq_len + 1}")
-    return TokenizedCorpus(tok, _as_array(train_tokens), _as_array(val_tokens), key)
+    return TokenizedCorpus(tok, train_tokens, val_tokens, key)
 
 
 def fingerprint(cfg, corpus: TokenizedCorpus) -> dict:

@@ -10,12 +10,15 @@ The input is cut into units (a file; a range of TFDS records) and the units, in 
 shards of about equal size. Each shard is tokenized by one worker, in document order, with
 `<|endoftext|>` after every document, so the shards concatenated are exactly the token stream the
 single-process path makes (pretokenize.py, the same `encode_batch`). The output is the token
-format of token_shards.py; a training run reads it with `data.source=prepared data.path=OUT`.
+format of token_shards.py, a TFDS dataset in array_record format (one record per document, K
+shards, `tfds.builder_from_directory(OUT)` reads it) with an index of token offsets; a training
+run reads it with `data.source=prepared data.path=OUT`.
 
 Without --tokenizer, the BPE is trained inside the same pipeline on a seeded uniform sample of
 documents from the whole corpus (sampling.py: the --tokenizer-docs documents of smallest key, by
-Beam's Top.Smallest) and saved as OUT/tokenizer.json. Its hash names every shard file and is in
-the manifest: a shard or a dataset made by another tokenizer is never reused or read.
+Beam's Top.Smallest) and saved as OUT/tokenizer.json. Its hash is in every shard's marker, in the
+manifest and is the TFDS config name: a shard or a dataset made by another tokenizer is never
+reused or read.
 
 Idempotent: each shard's marker is written after its files, the manifest after all markers, each by
 an atomic rename. A rerun on a complete output does nothing; after an interruption it redoes only
@@ -219,14 +222,14 @@ def write_shard(shard: int, tok_json: str, plan: dict) -> dict:
     tok = _tokenizer_from_json(tok_json)
     tok_hash = pretokenize.tokenizer_hash(tok)
     out, count = pathlib.Path(plan["out"]), plan["shards"]
-    stem = token_shards.shard_stem(tok_hash, shard, count)
+    name = token_shards.shard_file(shard, count)
     label = shard_label(plan, tok_hash, shard)
-    done = token_shards.complete_shard(out, stem, label)
+    done = token_shards.complete_shard(out, name, label)
     if done is not None:
         return done
     units = [plan["units"][u] for u in plan["assignment"][shard]]
     texts = (text for unit in units for text in unit_documents(unit))
-    return token_shards.write_shard(out, stem, pretokenize.encode_stream(tok, texts),
+    return token_shards.write_shard(out, name, pretokenize.encode_stream(tok, texts),
                                     pretokenize.token_dtype(tok.get_vocab_size()), label)
 
 
@@ -275,6 +278,9 @@ def prepare(args, beam_extra: Sequence[str] = ()) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tok_json = _existing_tokenizer(out, args.tokenizer)
     manifest_path = out / token_shards.MANIFEST
+    if manifest_path.is_file() and not token_shards.is_current(out):
+        raise DataError(f"{manifest_path} is not of the current token format {token_shards.FORMAT}: use another "
+                        f"--out or delete {out}")
     if manifest_path.is_file():
         manifest = token_shards.read_manifest(out)
         if manifest.get("source_key") != source_key:
@@ -298,7 +304,7 @@ def prepare(args, beam_extra: Sequence[str] = ()) -> dict:
     done_before = 0
     if tok_json is not None:
         tok_hash = pretokenize.tokenizer_hash(_tokenizer_from_json(tok_json))
-        done_before = sum(token_shards.complete_shard(out, token_shards.shard_stem(tok_hash, s, args.shards),
+        done_before = sum(token_shards.complete_shard(out, token_shards.shard_file(s, args.shards),
                                                       shard_label(plan, tok_hash, s)) is not None
                           for s in range(args.shards))
     for leftover in out.glob("*.tmp*"):  # half-written files of an interrupted run (their shards are redone)

@@ -2,8 +2,9 @@
 
 Tokenization runs once per (dataset, split, tokenizer): HF `tokenizers` encodes batches of documents
 in parallel (Rust threads) and the ids stream into the folder `tokens-SPLIT-TOKHASH/` beside the
-dataset, a token dataset of one shard (token_shards.py: the format `prepare.py` writes with K);
-its manifest, written last, marks it complete. Later runs memory-map it and tokenize nothing.
+dataset, a token dataset of one shard (token_shards.py: a TFDS array_record dataset, the format
+`prepare.py` writes with K); its manifest, written last, marks it complete. Later runs read it and
+tokenize nothing.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import hashlib
 import itertools
 import pathlib
 import re
+import shutil
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -89,13 +91,16 @@ def cache_folder(cache_dir: pathlib.Path, split: str, tok: Tokenizer) -> pathlib
 def load_or_tokenize(records: Sequence, tok: Tokenizer, cache_dir: pathlib.Path, split: str,
                      source_name: str) -> token_shards.ShardedTokens:
     """The split's token ids as a one-shard token dataset (token_shards.py, the format prepare.py
-    writes with many), memory-mapped from the cache; tokenized (once) when not cached."""
+    writes with many), read from the cache; tokenized (once) when not cached."""
     folder = cache_folder(cache_dir, split, tok)
     tok_hash = tokenizer_hash(tok)
-    if not (folder / token_shards.MANIFEST).is_file():
+    manifest = folder / token_shards.MANIFEST
+    if manifest.is_file() and not token_shards.is_current(folder):
+        shutil.rmtree(folder)   # a cache in an older token format: ours to remake
+    if not manifest.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         label = {"source": source_name, "split": split, "tokenizer": tok_hash}
-        marker = token_shards.write_shard(folder, token_shards.shard_stem(tok_hash, 0, 1),
+        marker = token_shards.write_shard(folder, token_shards.shard_file(0, 1),
                                           encode_stream(tok, iter_texts(records)),
                                           token_dtype(tok.get_vocab_size()), label)
         token_shards.write_manifest(folder, [marker], **label)  # last: a folder with a manifest is complete

@@ -1,35 +1,65 @@
-"""The one on-disk token format: a folder of K shards of raw token ids, an index, a manifest.
+"""The one on-disk token format: a TFDS dataset in `array_record` format, one record per document,
+K shards, with an index of token offsets and a manifest.
 
-    DIR/tokens-TOKHASH-00000-of-00003.bin        token ids (uint16, or uint32 past 65,536 tokens),
-                                                 `<|endoftext|>` after every document
-    DIR/tokens-TOKHASH-00000-of-00003.idx        int64 end offset of each document in its shard
-    DIR/tokens-TOKHASH-00000-of-00003.done.json  written after the two above: the shard is complete
-    DIR/manifest.json                            written last: the dataset is complete
-    DIR/tokenizer.json                           the tokenizer that made the ids (prepare.py)
+    DIR/andrea_tokens-train.array_record-00000-of-00003             records: one per document, a
+                                                                    serialized tf.train.Example whose
+                                                                    feature `tokens` is the document's
+                                                                    ids + `<|endoftext|>` as raw uint16
+                                                                    bytes (uint32: a vocabulary > 65,536)
+    DIR/andrea_tokens-train.array_record-00000-of-00003.index.npy   int64 end offset of each record's
+                                                                    tokens in the shard's stream
+    DIR/andrea_tokens-train.array_record-00000-of-00003.done.json   written after the two above: the
+                                                                    shard is complete, and what made it
+    DIR/dataset_info.json, features.json      TFDS's metadata: the shards' lengths, the feature
+                                              (Tensor(shape=(None,), encoding=BYTES)), the tokenizer
+                                              hash as the config name
+    DIR/manifest.json                         written last: the dataset is complete
+    DIR/tokenizer.json                        the tokenizer that made the ids (prepare.py)
 
-The concatenation of the shards in order is the dataset's token stream. `ShardedTokens` is that
-stream without a copy: each shard is memory-mapped on first use only, so a process opens only the
-shards its windows fall in, and a slice is a view (offsets) of the same files. The pretokenize
-cache of a training run and `python -m andrea_jax.data.prepare` both write this format.
+TFDS reads it as it is, without TensorFlow: `tfds.builder_from_directory(DIR).as_data_source("train")`
+gives every document as {"tokens": ids}. The concatenation of the documents, shard by shard in
+order, is the dataset's token stream. `ShardedTokens` is that stream: a window's start maps through
+the index to (shard, record, offset) with a binary search, a shard's reader is opened on first use
+only (so a process opens only the shards its windows fall in), and a batch of windows is one
+array_record read per shard of all the records it needs, decoded with numpy (the record's last
+bytes are the ids; the Example header before them is checked, not parsed). Records are written
+uncompressed, one per chunk (`group_size:1`, as TFDS writes them): token ids barely compress and
+random access reads them twice as fast. The pretokenize cache of a training run (1 shard) and
+`python -m andrea_jax.data.prepare` (K shards) both write this format.
 """
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import threading
 import time
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from andrea_jax.data.errors import DataError
 
-FORMAT = "andrea-tokens/1"
+FORMAT = "andrea-tokens/2"
 MANIFEST = "manifest.json"
+DATASET = "andrea_tokens"   # the TFDS dataset name: it prefixes the shard files
+SPLIT = "train"
+FEATURE = "tokens"
+WRITER_OPTIONS = "group_size:1,uncompressed"
+READER_OPTIONS = "readahead_buffer_size:0"   # random access: no read-ahead past the records asked for
 
 
-def shard_stem(tokenizer_hash: str, index: int, count: int) -> str:
-    return f"tokens-{tokenizer_hash}-{index:05d}-of-{count:05d}"
+def shard_file(index: int, count: int) -> str:
+    """TFDS's own name of shard `index` of `count` (its `{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}`)."""
+    return f"{DATASET}-{SPLIT}.array_record-{index:05d}-of-{count:05d}"
+
+
+def index_file(shard: str) -> str:
+    return f"{shard}.index.npy"
+
+
+def marker_file(shard: str) -> str:
+    return f"{shard}.done.json"
 
 
 def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
@@ -54,78 +84,228 @@ def read_json(path: pathlib.Path, what: str) -> dict:
     return value
 
 
-def write_shard(folder: pathlib.Path, stem: str, id_batches, dtype: np.dtype, label: dict) -> dict:
-    """Streams (ids, document lengths) batches into shard `stem`; the marker, written last and
-    atomically, says the shard is complete and what made it (`label`)."""
-    folder = pathlib.Path(folder)
-    bin_path, idx_path = folder / f"{stem}.bin", folder / f"{stem}.idx"
-    tmp_bin = bin_path.with_name(bin_path.name + f".tmp{os.getpid()}")
-    tmp_idx = idx_path.with_name(idx_path.name + f".tmp{os.getpid()}")
-    n_tokens = n_docs = 0
+# ---------------------------------------------------------------------------------------------
+# A record: the tf.train.Example {"tokens": bytes_list[raw ids]} that TFDS's
+# Tensor(shape=(None,), encoding=BYTES) feature serializes, built and read here without protobuf.
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(payload_len: int) -> bytes:   # tag 1, wire type 2 (length-delimited): 0x0a
+    return b"\x0a" + _varint(payload_len)
+
+
+_HEADERS: dict[int, bytes] = {}
+
+
+def record_header(n_bytes: int) -> bytes:
+    """The serialized Example up to its ids: Example.features > Features.feature["tokens"] >
+    Feature.bytes_list > BytesList.value, each a length-delimited field 1 (the map value is field 2)."""
+    header = _HEADERS.get(n_bytes)
+    if header is None:
+        bytes_list = _field(n_bytes)                                         # BytesList.value[0]
+        feature = _field(len(bytes_list) + n_bytes) + bytes_list             # Feature.bytes_list
+        key = _field(len(FEATURE)) + FEATURE.encode()                        # the map entry's key
+        value = b"\x12" + _varint(len(feature) + n_bytes)                    # ... and value (field 2)
+        entry = _field(len(key) + len(value) + len(feature) + n_bytes) + key + value + feature
+        header = _field(len(entry) + n_bytes) + entry                        # Example.features
+        _HEADERS[n_bytes] = header
+    return header
+
+
+def encode_record(ids: np.ndarray) -> bytes:
+    raw = np.ascontiguousarray(ids).tobytes()
+    return record_header(len(raw)) + raw
+
+
+def tfds_features(dtype):
+    import tensorflow_datasets as tfds
+
+    return tfds.features.FeaturesDict({FEATURE: tfds.features.Tensor(
+        shape=(None,), dtype=np.dtype(dtype).type, encoding=tfds.features.Encoding.BYTES)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing.
+
+def write_shard(folder: pathlib.Path, name: str, id_batches: Iterable, dtype: np.dtype, label: dict) -> dict:
+    """Streams (ids, document lengths) batches into shard `name`, one record per document, and its
+    index; the marker, written last and atomically, says the shard is complete and what made it
+    (`label`)."""
+    from array_record.python import array_record_module
+
+    folder, dtype = pathlib.Path(folder), np.dtype(dtype)
+    path, idx_path = folder / name, folder / index_file(name)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp_idx = idx_path.with_name(idx_path.name + f".tmp{os.getpid()}.npy")
+    ends, n_tokens = [], 0
     start, cpu_start, started = time.perf_counter(), time.process_time(), time.time()
-    with tmp_bin.open("wb") as f_bin, tmp_idx.open("wb") as f_idx:
+    writer = array_record_module.ArrayRecordWriter(str(tmp), WRITER_OPTIONS)
+    try:
         for ids, lengths in id_batches:
-            np.asarray(ids, dtype).tofile(f_bin)
-            (n_tokens + np.cumsum(lengths, dtype=np.int64)).tofile(f_idx)
-            n_tokens, n_docs = n_tokens + len(ids), n_docs + len(lengths)
-    os.replace(tmp_bin, bin_path)
+            ids = np.asarray(ids, dtype)
+            doc_ends = np.cumsum(lengths, dtype=np.int64)
+            for a, b in zip([0, *doc_ends[:-1].tolist()], doc_ends.tolist()):
+                writer.write(encode_record(ids[a:b]))
+            ends.append(n_tokens + doc_ends)
+            n_tokens += len(ids)
+    finally:
+        writer.close()
+    ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    np.save(tmp_idx, ends)
+    os.replace(tmp, path)
     os.replace(tmp_idx, idx_path)
     # What it took to make, and where (benchmarks/data.py reads it): not part of the format.
     made = {"seconds": round(time.perf_counter() - start, 3), "cpu_seconds": round(time.process_time() - cpu_start, 3),
             "started": started, "finished": time.time(), "pid": os.getpid()}
-    marker = dict(label, file=bin_path.name, tokens=n_tokens, documents=n_docs, dtype=np.dtype(dtype).name, made=made)
-    atomic_write_json(folder / f"{stem}.done.json", marker)
+    marker = dict(label, file=name, tokens=n_tokens, documents=len(ends), dtype=dtype.name,
+                  bytes=path.stat().st_size, made=made)
+    atomic_write_json(folder / marker_file(name), marker)
     return marker
 
 
-def complete_shard(folder: pathlib.Path, stem: str, label: dict) -> dict | None:
-    """The marker of shard `stem` when it is complete, made with `label` and its files intact; else None."""
+def complete_shard(folder: pathlib.Path, name: str, label: dict) -> dict | None:
+    """The marker of shard `name` when it is complete, made with `label` and its files intact; else None."""
     folder = pathlib.Path(folder)
     try:
-        marker = json.loads((folder / f"{stem}.done.json").read_text())
-        dtype = np.dtype(marker["dtype"])
+        marker = json.loads((folder / marker_file(name)).read_text())
         ok = (all(marker.get(k) == v for k, v in label.items())
-              and (folder / f"{stem}.bin").stat().st_size == marker["tokens"] * dtype.itemsize
-              and (folder / f"{stem}.idx").stat().st_size == marker["documents"] * 8)
+              and (folder / name).stat().st_size == marker["bytes"]
+              and np.load(folder / index_file(name), mmap_mode="r").shape == (marker["documents"],))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return marker if ok else None
 
 
+def write_tfds_metadata(folder: pathlib.Path, markers: Sequence[dict], dtype, tokenizer: str,
+                        description: str) -> None:
+    """dataset_info.json and features.json: what `tfds.builder_from_directory` reads."""
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.core import dataset_info, naming, splits as splits_lib
+
+    folder = pathlib.Path(folder)
+    identity = dataset_info.DatasetIdentity(name=DATASET, version=tfds.core.Version("1.0.0"), data_dir=str(folder),
+                                            module_name="", config_name=tokenizer or "untokenized")
+    info = dataset_info.DatasetInfo(builder=identity, features=tfds_features(dtype), disable_shuffling=True,
+                                    description=description)
+    info.set_file_format("array_record")
+    template = naming.ShardedFileTemplate(data_dir=folder, template=naming.DEFAULT_FILENAME_TEMPLATE,
+                                          dataset_name=DATASET, split=SPLIT, filetype_suffix="array_record")
+    split = splits_lib.SplitInfo(name=SPLIT, shard_lengths=[m["documents"] for m in markers],
+                                 num_bytes=sum(m["bytes"] for m in markers), filename_template=template)
+    info.set_splits(splits_lib.SplitDict([split]))
+    info.write_to_directory(folder)
+
+
 def write_manifest(folder: pathlib.Path, markers: Sequence[dict], **meta) -> dict:
+    """TFDS's metadata, then the manifest (last: its presence says the dataset is complete)."""
     markers = sorted(markers, key=lambda m: m["file"])
-    manifest = dict(meta, format=FORMAT, dtype=markers[0]["dtype"] if markers else "uint16",
+    dtype = markers[0]["dtype"] if markers else "uint16"
+    write_tfds_metadata(folder, markers, dtype, meta.get("tokenizer", ""),
+                        f"Token ids of {meta.get('source', 'a corpus')}, one record per document (ANDREA-JAX).")
+    manifest = dict(meta, format=FORMAT, dtype=dtype,
                     tokens=sum(m["tokens"] for m in markers), documents=sum(m["documents"] for m in markers),
-                    shards=[{"file": m["file"], "tokens": m["tokens"], "documents": m["documents"]}
-                            for m in markers])
+                    shards=[{"file": m["file"], "tokens": m["tokens"], "documents": m["documents"],
+                             "bytes": m["bytes"]} for m in markers])
     atomic_write_json(pathlib.Path(folder) / MANIFEST, manifest)
     return manifest
+
+
+def is_current(folder: pathlib.Path) -> bool:
+    """Whether `folder` holds a manifest of this format (a cache of an older one is remade)."""
+    try:
+        return json.loads((pathlib.Path(folder) / MANIFEST).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def read_manifest(folder: pathlib.Path) -> dict:
     path = pathlib.Path(folder) / MANIFEST
     manifest = read_json(path, "token dataset manifest")
     if manifest.get("format") != FORMAT:
-        raise DataError(f"{path} is not a token dataset of format {FORMAT} (it says {manifest.get('format')!r})")
+        raise DataError(f"{path} is not a token dataset of format {FORMAT} (it says {manifest.get('format')!r}): "
+                        f"prepare it again")
     return manifest
 
 
-class ShardedTokens:
-    """The token stream [lo, hi) of a folder of shards: len(), slices (views), windows, documents."""
+# ---------------------------------------------------------------------------------------------
+# Reading.
 
-    def __init__(self, folder, files: Sequence[str], counts: Sequence[int], dtype, lo: int = 0,
-                 hi: int | None = None, _maps: dict | None = None):
+class _Shard:
+    """One opened shard: its array_record reader and its records' token offsets."""
+
+    def __init__(self, path: pathlib.Path, n_records: int):
+        from array_record.python import array_record_module
+
+        self.path = path
+        try:
+            self.ends = np.load(path.with_name(index_file(path.name)), mmap_mode="r")
+            self.reader = array_record_module.ArrayRecordReader(str(path), READER_OPTIONS)
+            found = self.reader.num_records()
+        except (OSError, ValueError, RuntimeError) as e:
+            raise DataError(f"token shard {path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]}): "
+                            f"prepare the dataset again") from None
+        if found != n_records or self.ends.shape != (n_records,):
+            raise DataError(f"token shard {path} has {found:,} records and an index of {self.ends.shape[0]:,}, "
+                            f"not {n_records:,}: prepare the dataset again")
+
+    def starts(self, records: np.ndarray) -> np.ndarray:
+        return np.where(records > 0, self.ends[np.maximum(records - 1, 0)], 0)
+
+    def read(self, records: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """The tokens of `records` (sorted, distinct), concatenated: one read of them all, the
+        Example headers checked and cut out with numpy (no per-record parsing)."""
+        sizes = (self.ends[records] - self.starts(records)) * dtype.itemsize
+        try:
+            raw = self.reader.read(records.tolist())
+        except RuntimeError as e:   # Riegeli's chunk hashes: a damaged file
+            raise DataError(f"token shard {self.path} is unreadable ({str(e).splitlines()[0]}): "
+                            f"prepare the dataset again") from None
+        headers = list(map(record_header, sizes.tolist()))
+        head_lens = np.fromiter(map(len, headers), np.int64, count=len(headers))
+        lens = np.fromiter(map(len, raw), np.int64, count=len(raw))
+        data = np.frombuffer(b"".join(raw), np.uint8)
+        # Where each record's header lies in `data`: record k's bytes start at at[k].
+        at = np.cumsum(lens) - lens
+        head_at = np.repeat(at - (np.cumsum(head_lens) - head_lens), head_lens) + np.arange(int(head_lens.sum()))
+        ok = lens == head_lens + sizes
+        if ok.all():
+            ok = data[head_at] == np.frombuffer(b"".join(headers), np.uint8)
+            if ok.all():
+                keep = np.ones(len(data), bool)
+                keep[head_at] = False
+                return data[keep].view(dtype)
+            ok = np.logical_and.reduceat(ok, np.cumsum(head_lens) - head_lens)
+        k = int(np.flatnonzero(~ok)[0])
+        raise DataError(f"token shard {self.path} record {int(records[k])} is not the "
+                        f"{int(sizes[k]) // dtype.itemsize} token ids its index says: prepare the dataset again")
+
+
+class ShardedTokens:
+    """The token stream [lo, hi) of a token dataset: len(), slices (views), windows, documents."""
+
+    def __init__(self, folder, files: Sequence[str], counts: Sequence[int], documents: Sequence[int], dtype,
+                 lo: int = 0, hi: int | None = None, _opened: dict | None = None,
+                 _lock: threading.Lock | None = None):
         self.folder = pathlib.Path(folder)
         self.files = list(files)
         self.counts = np.asarray(counts, np.int64)
+        self.documents = np.asarray(documents, np.int64)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)])   # shard s holds [starts[s], starts[s+1])
         self.dtype = np.dtype(dtype)
         self.lo, self.hi = lo, int(self.starts[-1]) if hi is None else hi
-        self._maps = {} if _maps is None else _maps                   # shared by views: one mapping per shard
+        self._opened = {} if _opened is None else _opened             # shared by views: one reader per shard
+        self._lock = threading.Lock() if _lock is None else _lock
 
     @classmethod
     def open(cls, folder, expect_tokenizer: str | None = None, tokenizer_name: str = "") -> "ShardedTokens":
-        """The prepared token dataset in `folder`, its manifest and shard sizes checked; with
+        """The token dataset in `folder`, its manifest and shard sizes checked; with
         `expect_tokenizer`, refused when made by another tokenizer."""
         folder = pathlib.Path(folder)
         manifest = read_manifest(folder)
@@ -133,16 +313,23 @@ class ShardedTokens:
             raise DataError(f"token dataset {folder} was tokenized by tokenizer {manifest.get('tokenizer')} "
                             f"(its {MANIFEST}) but {tokenizer_name or 'the tokenizer given'} is "
                             f"{expect_tokenizer}: use its own tokenizer.json or prepare it again")
-        dtype = np.dtype(manifest["dtype"])
         for shard in manifest["shards"]:
             path = folder / shard["file"]
             size = path.stat().st_size if path.is_file() else None
-            if size != shard["tokens"] * dtype.itemsize:
-                state = "is missing" if size is None else f"has {size:,} bytes, not {shard['tokens'] * dtype.itemsize:,}"
+            if size != shard["bytes"] or not (folder / index_file(shard["file"])).is_file():
+                state = ("is missing" if size is None else f"has {size:,} bytes, not {shard['bytes']:,}"
+                         if size != shard["bytes"] else f"has no index {index_file(shard['file'])}")
                 raise DataError(f"token shard {path} {state}: prepare the dataset again (a rerun "
                                 f"redoes only the missing shards once {folder / MANIFEST} is deleted)")
-        return cls(folder, [s["file"] for s in manifest["shards"]], [s["tokens"] for s in manifest["shards"]],
-                   dtype)
+        shards = manifest["shards"]
+        return cls(folder, [s["file"] for s in shards], [s["tokens"] for s in shards],
+                   [s["documents"] for s in shards], manifest["dtype"])
+
+    def __getstate__(self):   # readers stay behind: a copy (a worker process) reopens what it reads
+        return dict(self.__dict__, _opened={}, _lock=None)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _lock=threading.Lock())
 
     def __len__(self) -> int:
         return self.hi - self.lo
@@ -151,32 +338,52 @@ class ShardedTokens:
     def shape(self) -> tuple[int]:
         return (len(self),)
 
-    def shard(self, s: int) -> np.ndarray:
-        """Shard s memory-mapped (opened on first use, then kept)."""
-        if s not in self._maps:
-            path = self.folder / self.files[s]
-            try:
-                self._maps[s] = np.memmap(path, dtype=self.dtype, mode="r", shape=(int(self.counts[s]),)) \
-                    if self.counts[s] else np.zeros(0, self.dtype)
-            except (OSError, ValueError) as e:
-                raise DataError(f"token shard {path} is unreadable ({type(e).__name__}: {e})") from None
-        return self._maps[s]
+    def _shard(self, s: int) -> _Shard:
+        """Shard s's reader (opened on first use, then kept)."""
+        shard = self._opened.get(s)
+        if shard is None:
+            with self._lock:
+                if s not in self._opened:
+                    self._opened[s] = _Shard(self.folder / self.files[s], int(self.documents[s]))
+                shard = self._opened[s]
+        return shard
 
     def opened_shards(self) -> list[int]:
-        return sorted(self._maps)
+        return sorted(self._opened)
 
-    def _range(self, start: int, stop: int) -> np.ndarray:
-        """Absolute positions [start, stop) as one array: a view when in one shard, else a copy."""
+    def _pieces(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """Absolute positions [start, stop) as (shard, offset in shard, length) pieces."""
         s = int(np.searchsorted(self.starts, start, side="right")) - 1
-        if stop <= self.starts[s + 1]:
-            return self.shard(s)[start - self.starts[s]: stop - self.starts[s]]
-        parts = []
+        pieces = []
         while start < stop:
             end = min(stop, int(self.starts[s + 1]))
-            if end > start:  # an empty shard is never opened
-                parts.append(self.shard(s)[start - self.starts[s]: end - self.starts[s]])
+            if end > start:   # an empty shard is never opened
+                pieces.append((s, start - int(self.starts[s]), end - start))
             start, s = end, s + 1
-        return np.concatenate(parts)
+        return pieces
+
+    def _read(self, spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        """The tokens of each absolute span [start, stop), reading each shard once for them all."""
+        pieces = [self._pieces(a, b) for a, b in spans]
+        by_shard: dict[int, list] = {}
+        for row, row_pieces in enumerate(pieces):
+            for j, (s, offset, length) in enumerate(row_pieces):
+                by_shard.setdefault(s, []).append((row, j, offset, length))
+        parts = [[None] * len(p) for p in pieces]
+        for s, items in by_shard.items():
+            shard = self._shard(s)
+            offsets = np.array([item[2] for item in items], np.int64)
+            lengths = np.array([item[3] for item in items], np.int64)
+            first = np.searchsorted(shard.ends, offsets, side="right")            # (shard, record, offset)
+            last = np.searchsorted(shard.ends, offsets + lengths - 1, side="right")
+            records = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]))
+            tokens = shard.read(records, self.dtype)
+            at = np.concatenate([[0], np.cumsum(shard.ends[records] - shard.starts(records))])
+            # A piece's records are consecutive, and so are their tokens in `tokens`.
+            begins = at[np.searchsorted(records, first)] + offsets - shard.starts(first)
+            for (row, j, _, length), begin in zip(items, begins.tolist()):
+                parts[row][j] = tokens[begin:begin + length]
+        return [p[0] if len(p) == 1 else np.concatenate(p) if p else np.zeros(0, self.dtype) for p in parts]
 
     def __getitem__(self, key):
         if isinstance(key, slice):
@@ -184,25 +391,35 @@ class ShardedTokens:
             if step != 1:
                 return np.asarray(self)[key]
             stop = max(start, stop)
-            return ShardedTokens(self.folder, self.files, self.counts, self.dtype, self.lo + start,
-                                 self.lo + stop, self._maps)
+            return ShardedTokens(self.folder, self.files, self.counts, self.documents, self.dtype,
+                                 self.lo + start, self.lo + stop, self._opened, self._lock)
         i = int(key) + (len(self) if int(key) < 0 else 0)
         if not 0 <= i < len(self):
             raise IndexError(key)
-        return self._range(self.lo + i, self.lo + i + 1)[0]
+        return self._read([(self.lo + i, self.lo + i + 1)])[0][0]
 
     def __array__(self, dtype=None, copy=None):
-        flat = self._range(self.lo, self.hi) if len(self) else np.zeros(0, self.dtype)
+        flat = self._read([(self.lo, self.hi)])[0]
         return np.asarray(flat, dtype) if dtype is not None else np.asarray(flat)
+
+    def tolist(self) -> list[int]:
+        return np.asarray(self).tolist()
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
         """int32 [len(starts), length]: the tokens at [start, start + length) of each start."""
+        starts = np.asarray(starts, np.int64) + self.lo
         out = np.empty((len(starts), length), np.int32)
-        for row, start in enumerate(np.asarray(starts, np.int64) + self.lo):
-            out[row] = self._range(int(start), int(start) + length)
+        for row, tokens in enumerate(self._read([(a, a + length) for a in starts.tolist()])):
+            out[row] = tokens
         return out
 
     def document_ends(self, s: int) -> np.ndarray:
-        """int64 end offsets of shard s's documents, within the shard (from its index)."""
-        path = (self.folder / self.files[s]).with_suffix(".idx")
-        return np.fromfile(path, np.int64)
+        """int64 end offsets of shard s's documents (records), within the shard (its index)."""
+        return np.asarray(self._shard(s).ends)
+
+    def shard_documents(self, s: int) -> list[np.ndarray]:
+        """Shard s's documents (records), each its ids with end-of-text."""
+        shard = self._shard(s)
+        records = np.arange(int(self.documents[s]))
+        tokens = shard.read(records, self.dtype)
+        return np.split(tokens, np.asarray(shard.ends[:-1])) if len(records) else []
