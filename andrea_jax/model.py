@@ -73,6 +73,18 @@ def _constrain(x, names):
     return nn.with_logical_constraint(x, names)
 
 
+def _token_matmul(x_BTI, w_I_O, **kwargs):
+    """x @ w contracting x's last axis with w's first, the tokens flattened into the rows of one
+    2-D matrix. The same products as on [B, T, I]; but the weight's gradient then contracts one
+    axis (rows) instead of two (batch, seq), and XLA's CPU backend runs that dot on its operands
+    as they lie, where for two axes it first copies the cotangent into a transposed buffer: one
+    copy per projection per layer, and one of the whole logits (issue 10; benchmarks/
+    profile_backward.py shows them)."""
+    *lead, I = x_BTI.shape
+    out = jnp.tensordot(x_BTI.reshape(-1, I), w_I_O, axes=1, **kwargs)
+    return out.reshape(*lead, *w_I_O.shape[1:])
+
+
 VOCAB_ALIGN = 128  # the logits matmul runs over the vocabulary padded to a multiple of this
 
 
@@ -279,7 +291,7 @@ class Block(nn.Module):
             # out of the weight and computes only those, so q, k, v never move between devices.
             qkv_D3HK = _constrain(qkv_kernel.reshape(D, 3, H, D // H), ("embed", None, "heads", None))
             qkv_bias_3HK = _constrain(qkv_bias.reshape(3, H, D // H), (None, "heads", None))
-            qkv_BT3HK = _constrain(jnp.einsum("btd,dchk->btchk", y_BTD, qkv_D3HK.astype(dtype))
+            qkv_BT3HK = _constrain(_token_matmul(y_BTD, qkv_D3HK.astype(dtype))
                                    + qkv_bias_3HK.astype(dtype), ("batch", "seq", None, "heads", None))
             q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
             if decode is None:
@@ -289,13 +301,14 @@ class Block(nn.Module):
                 o_BTHK, kv = _cached_attention(q_BTHK, k_BTHK, v_BTHK, *scanned[2:], *decode)
                 kv_written.append(kv)
             o_BTHK = _constrain(o_BTHK, ("batch", "seq", "heads", None))
-            return _constrain(o_BTHK.reshape(B, T, D) @ out_kernel.astype(dtype) + out_bias.astype(dtype), STREAM_BTD)
+            return _constrain(_token_matmul(o_BTHK.reshape(B, T, D), out_kernel.astype(dtype))
+                              + out_bias.astype(dtype), STREAM_BTD)
 
         def mlp(y_BTD):
             y_BTD = y_BTD.astype(dtype)
-            h_BTF = _constrain(y_BTD @ fc_kernel.astype(dtype), ("batch", "seq", "mlp"))
+            h_BTF = _constrain(_token_matmul(y_BTD, fc_kernel.astype(dtype)), ("batch", "seq", "mlp"))
             h_BTF = _constrain(kernels.bias_gelu(h_BTF, fc_bias, impl=impl), ("batch", "seq", "mlp"))
-            return _constrain(h_BTF @ proj_kernel.astype(dtype) + proj_bias.astype(dtype), STREAM_BTD)
+            return _constrain(_token_matmul(h_BTF, proj_kernel.astype(dtype)) + proj_bias.astype(dtype), STREAM_BTD)
 
         def norm(name, x):
             return kernels.layer_norm(x, *norms[name], eps=cfg.ln_eps, impl=impl)
@@ -351,7 +364,13 @@ class Andrea(nn.Module):
         table_VD = _constrain(tok_embedding_VD, ("vocab", None))
         x_BTD = _constrain((table_VD[tokens_BT] + positions).astype(jnp.float32), STREAM_BTD)
 
-        block = nn.remat(Block, prevent_cse=False) if cfg.remat else Block
+        # model.remat: full saves nothing of a block (recomputes it all in the backward pass); dots
+        # saves the outputs of the matmuls without batch dimensions (the qkv, output and MLP
+        # projections, O(B T D) each) and recomputes the rest, the attention scores [B, H, T, T]
+        # (a batched matmul) and the elementwise ops, which are cheap next to the projections.
+        policy = {"full": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}.get(cfg.remat)
+        block = Block if policy is None else nn.remat(Block, prevent_cse=False, policy=policy)
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(0, nn.broadcast), length=cfg.n_layer,
                         metadata_params={nn.PARTITION_NAME: "layers"})  # stacked params: ("layers", ...)
@@ -367,8 +386,8 @@ class Andrea(nn.Module):
         y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=self.impl)
         V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
         padded_PD = jnp.pad(tok_embedding_VD, ((0, P - V), (0, 0)))  # zero rows
-        logits_BTP = jnp.einsum("btd,pd->btp", y_BTD.astype(dtype), padded_PD.astype(dtype),
-                                preferred_element_type=jnp.float32)
+        logits_BTP = _token_matmul(y_BTD.astype(dtype), padded_PD.T.astype(dtype),
+                                   preferred_element_type=jnp.float32)
         if self.padded_logits:  # the loss's layout: padding masked out of the softmax, no slicing
             real_P = jnp.arange(P) < V
             logits_BTV = jnp.where(real_P, logits_BTP, jnp.finfo(jnp.float32).min)
@@ -400,15 +419,3 @@ def param_shapes(cfg: ModelConfig):
 
 def count_params(cfg: ModelConfig) -> int:
     return sum(int(p.size) for p in jax.tree.leaves(param_shapes(cfg)))
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> float:
-    """Training FLOPs per token (forward + backward = 3x forward), matmuls only.
-
-    6 x (matmul parameters, the tied output projection included) + 12 L T D for attention
-    scores and values (causal masking not discounted, as in PaLM's MFU convention).
-    """
-    T = seq_len or cfg.seq_len
-    D, L, F, V = cfg.d_model, cfg.n_layer, cfg.mlp_ratio * cfg.d_model, cfg.vocab_size
-    matmul_params = L * (D * 3 * D + D * D + 2 * D * F) + V * D
-    return 6.0 * matmul_params + 12.0 * L * T * D

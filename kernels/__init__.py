@@ -12,6 +12,7 @@ The kernel backends run per row shard under a mesh (`sharded.py`).
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from kernels import reference
@@ -78,11 +79,19 @@ def residual_layer_norm(x, delta, alpha, gamma, beta, *, eps: float = 1e-5, impl
     return fused.residual_layer_norm_fn(backend, float(eps))(x, delta.astype(x.dtype), alpha, gamma, beta)
 
 
+# The xla backend's GELU saves only its inputs for the backward pass, which recomputes the
+# elementwise forward (fused into the derivative), as the kernels' custom VJP does. Left to
+# autodiff it would save seven more [rows, F] intermediates (u, u^3, tanh, ...): in a layer scan
+# they are stacked for every layer, and on CPU writing and reading them back costs more than the
+# recomputation (issue 10; benchmarks/profile_backward.py). Same function, same gradients.
+_bias_gelu_saving_inputs = jax.checkpoint(reference.bias_gelu)
+
+
 def bias_gelu(h, bias, *, impl: str = "auto"):
     """tanh GELU of h + bias, computed in float32, output in h's dtype."""
     _check_features("bias_gelu", h, bias)
     backend = _backend(impl)
     if backend is None or h.size == 0:
-        return reference.bias_gelu(h, bias)
+        return _bias_gelu_saving_inputs(h, bias)
     from kernels import fused
     return fused.bias_gelu_fn(backend)(h, bias)
