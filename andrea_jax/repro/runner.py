@@ -1,0 +1,106 @@
+"""Runs an experiment's training runs as separate processes, `jobs` at a time, resumably.
+
+Each run is `python train.py ...` in its own process (a diverging run cannot take the others
+down), started from a frozen copy of the code (RUNS/code) so that edits to the tree while it
+trains change nothing. A run leaves RUNS/NAME/result.json with its command and return code; a
+rerun skips every run whose result.json holds the same command and an outcome (finished, or
+stopped by a non-finite loss: divergence is a result, not a failure to retry).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+CODE = ("andrea_jax", "kernels", "configs", "train.py", "pyproject.toml")
+
+
+def snapshot_code(root: pathlib.Path, dest: pathlib.Path, ref: str | None = None) -> None:
+    """Copies the code the runs use: the working tree, or the commit `ref` (git archive; git's
+    state is only read). SOURCE.txt names where it came from."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True)
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if ref:
+        archive = subprocess.run(["git", "archive", ref, *CODE], cwd=root, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
+        source = f"git archive {ref} ({git('rev-parse', ref).stdout.strip()})\n"
+    else:
+        for name in CODE:
+            src = root / name
+            if src.is_dir():
+                shutil.copytree(src, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
+            elif src.is_file():
+                shutil.copy2(src, tmp / name)
+        head, changes = git("rev-parse", "HEAD").stdout.strip(), git("status", "--short").stdout
+        source = f"working tree at commit {head}\n{changes}"
+    (tmp / "SOURCE.txt").write_text(source)
+    tmp.rename(dest)
+
+
+def train_command(config: str, workdir: pathlib.Path, sets) -> list:
+    return [sys.executable, "train.py", "--config", config, "--workdir", str(workdir),
+            *[a for s in sets for a in ("--set", s)]]
+
+
+def outcome(workdir: pathlib.Path, command: list) -> str | None:
+    """'finished' or 'diverged' for a run done with this command; None: to train (not run, run
+    with another command, or failed for another reason, which a rerun retries)."""
+    result_path = workdir / "result.json"
+    if not result_path.is_file():
+        return None
+    result = json.loads(result_path.read_text())
+    if result.get("command") != shlex.join(command[1:]):
+        return None
+    return result.get("outcome") if result.get("outcome") in ("finished", "diverged") else None
+
+
+def _classify(workdir: pathlib.Path, returncode: int, steps: int) -> str:
+    metrics = workdir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    last = json.loads(lines[-1]) if lines else {}
+    if returncode == 0 and last.get("step") == steps and "val_loss" in last:
+        return "finished"
+    log = (workdir / "train.log").read_text()[-3000:] if (workdir / "train.log").is_file() else ""
+    return "diverged" if "non-finite" in log else "failed"
+
+
+def train_one(command: list, workdir: pathlib.Path, code: pathlib.Path, steps: int) -> dict:
+    if workdir.exists():  # a stopped or outdated run restarts from scratch (runs keep no checkpoints)
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    start = time.perf_counter()
+    with (workdir / "train.log").open("w") as log:
+        rc = subprocess.run(command, cwd=code, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": str(code)}).returncode
+    result = {"command": shlex.join(command[1:]), "returncode": rc, "seconds": time.perf_counter() - start,
+              "outcome": _classify(workdir, rc, steps)}
+    (workdir / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def steps_of(sets) -> int:
+    """train.steps as the last override that sets it gives it."""
+    return int([s for s in sets if s.startswith("train.steps=")][-1].split("=", 1)[1])
+
+
+def run_all(runs: dict, code: pathlib.Path, jobs: int, log=print) -> float:
+    """Trains every run of {name: (command, workdir, steps)} that has no outcome yet, `jobs` at a
+    time, in the order given. Returns the wall-clock seconds spent."""
+    todo = [n for n, (cmd, wd, _) in runs.items() if outcome(wd, cmd) is None]
+    log(f"{len(runs) - len(todo)} of {len(runs)} runs already done; training {len(todo)}, {jobs} at a time")
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+        futures = {pool.submit(train_one, runs[n][0], runs[n][1], code, runs[n][2]): n for n in todo}
+        for future in concurrent.futures.as_completed(futures):
+            r = future.result()
+            log(f"{time.strftime('%H:%M:%S')} {futures[future]}: {r['outcome']} (rc {r['returncode']}), "
+                f"{r['seconds'] / 60:.1f} min")
+    return time.perf_counter() - start

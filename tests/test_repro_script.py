@@ -1,0 +1,34 @@
+"""scripts/reproduce_prores.py end to end at a toy size: 2 arms, 1 seed, 4 steps of a 2-layer
+model, trained in 2 processes; then the report, summary.json and figures, and a rerun that finds
+both runs done and trains nothing."""
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_toy_ablation_writes_report_and_figures_and_resumes(tmp_path, tok_path):
+    command = [sys.executable, str(ROOT / "scripts" / "reproduce_prores.py"), "--experiment", "ablation",
+               "--toy", "--jobs", "2", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "docs"),
+               "--set", "model.vocab_size=300", "--set", f"data.tokenizer={tok_path}"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "0 of 2 runs already done" in first.stdout
+
+    docs = tmp_path / "docs"
+    report = (docs / "RESULTS.md").read_text()
+    assert "| paper table | finding | paper | ours | direction holds? |" in report
+    assert "| none | 1 / 0 / 0 |" in report and "| linear | 1 / 0 / 0 |" in report
+    summary = json.loads((docs / "prores_repro" / "summary.json").read_text())["experiments"]["ablation"]
+    assert set(summary["arms"]) == {"none", "linear"} and summary["toy"]
+    assert summary["runs"]["none_s0"]["outcome"] == "finished"
+    for name in ("loss_by_arm", "escape_rates", "grad_ratio", "activation_growth"):
+        figure = docs / "prores_repro" / "ablation" / f"{name}.png"
+        assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
+        assert f"prores_repro/ablation/{name}.png" in report
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 of 2 runs already done; training 0" in again.stdout

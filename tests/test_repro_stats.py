@@ -1,0 +1,90 @@
+"""The reproduction's statistics (andrea_jax/repro/stats.py, summarize.grad_ratio) on data whose
+answer is known by hand."""
+import math
+
+import numpy as np
+import pytest
+
+from andrea_jax.repro import stats, summarize, tables
+
+
+def test_bootstrap_of_two_pairs_is_their_range():
+    # Resampling 2 values: mean a (p 1/4), (a+b)/2 (1/2), b (1/4), so the 2.5% and 97.5% quantiles are a and b.
+    ci = stats.bootstrap_ci([0.1, 0.3])
+    assert ci["n"] == 2 and ci["mean"] == pytest.approx(0.2)
+    assert (ci["lo"], ci["hi"]) == (pytest.approx(0.1), pytest.approx(0.3))
+
+
+def test_bootstrap_of_a_constant_shift_contains_it_and_excludes_zero():
+    rng = np.random.default_rng(1)
+    base = {s: 5.0 + rng.normal(0, 0.5) for s in range(8)}          # seeds differ by far more than the shift
+    arm = {s: v - 0.1 + rng.normal(0, 0.01) for s, v in base.items()}
+    diffs = stats.paired_differences(arm, base)
+    ci = stats.bootstrap_ci(diffs.values())
+    assert ci["lo"] < -0.1 < ci["hi"] < 0
+    assert stats.direction(ci) == "lower"
+    # Unpaired, the seed spread (0.5) would swamp the shift: the pairing is what resolves it.
+    assert np.std(list(base.values())) > 0.3
+
+
+def test_paired_differences_skip_seeds_missing_in_either_arm():
+    diffs = stats.paired_differences({0: 1.0, 1: math.nan, 2: 3.0}, {0: 0.5, 1: 1.0, 3: 2.0})
+    assert diffs == {0: 0.5}
+    assert stats.bootstrap_ci([])["n"] == 0 and stats.direction(stats.bootstrap_ci([])) == "no pairs"
+    assert stats.direction(stats.bootstrap_ci([-0.1, 0.1])) == "unresolved"
+
+
+def test_escape_counts_runs_below_the_plateau_minus_the_margin():
+    e = stats.escape([4.0, 5.6, 5.4, math.nan], plateau=6.0, margin=0.5)
+    # 5.6 is above 5.5; NaN (diverged) has not escaped.
+    assert (e["escaped"], e["runs"], e["threshold"]) == (2, 4, 5.5)
+    assert e["rate"] == 0.5
+
+
+def test_unigram_cross_entropy_of_a_uniform_corpus():
+    train = np.repeat(np.arange(4), 25)       # 4 tokens, 25 each: entropy log 4
+    val = np.array([0, 1, 2, 3])
+    u = stats.unigram_cross_entropy(train, val, vocab_size=8)
+    assert u["train_entropy"] == pytest.approx(math.log(4))
+    # Add-one smoothing over 8 ids: q = (25 + 1) / (100 + 8) for each seen token.
+    assert u["val_cross_entropy"] == pytest.approx(-math.log(26 / 108))
+
+
+def test_grad_ratio_is_nan_where_the_last_block_gets_no_gradient():
+    ratio = summarize.grad_ratio([[2.0, 1.0, 4.0], [1.0, 1.0, 0.0]])
+    assert ratio[0] == pytest.approx(0.5) and math.isnan(ratio[1])
+
+
+def _arm(finals, outcomes=None, escaped=None):
+    n = len(finals)
+    return {"final_val_loss": stats.describe(finals),
+            "outcomes": {"finished": n, "diverged": 0, "failed": 0, "not run": 0, **(outcomes or {})},
+            "escape": {"escaped": n if escaped is None else escaped, "runs": n}}
+
+
+def test_comparison_table_reads_the_paper_ordering():
+    arms = {"none": _arm([5.0, 5.1, 5.2]), "linear": _arm([4.8, 4.9, 5.0]),
+            "equal": _arm([math.nan] * 3, {"finished": 0, "diverged": 3}, 0),
+            "reverse": _arm([5.9, 5.9, 5.9], escaped=0)}
+    arms["linear"]["paired_final_val_loss"] = stats.bootstrap_ci([-0.2, -0.2, -0.2])
+    rows = tables.comparison_rows({"ablation": {"arms": arms}})
+    verdicts = {r[1]: r[4] for r in rows}
+    assert verdicts["linear beats the baseline"].startswith("**yes**")
+    assert verdicts["equal fails"] == "**yes**" and verdicts["reverse fails"] == "**yes**"
+    assert verdicts["ordering"] == "**yes**"
+    assert tables.ordering(arms) == "linear < none < reverse < equal"
+
+    # When linear fails as well, the paper's contrast is missing.
+    arms["linear"] = _arm([6.0] * 3, escaped=0)
+    verdicts = {r[1]: r[4] for r in tables.comparison_rows({"ablation": {"arms": arms}})}
+    assert verdicts["equal fails"].startswith("partly")
+    assert verdicts["linear beats the baseline"] == "not measured"  # no paired difference given
+
+
+def test_growth_shape_tells_linear_from_exponential():
+    layers = np.arange(1, 25)
+    linear = summarize.growth_shape(1.0 + 0.5 * layers)
+    exponential = summarize.growth_shape(1.2 ** layers)
+    assert linear["linear_r2"] == pytest.approx(1.0) and linear["linear_r2"] > linear["exponential_r2"]
+    assert exponential["exponential_r2"] == pytest.approx(1.0)
+    assert exponential["exponential_r2"] > exponential["linear_r2"]
