@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from andrea_jax.repro import stats
+
 # Paper (SPEC 2). The issue cites the paper's Tables 2 (headline sizes), 6 (schedule ablation,
 # 350M, L = 24) and 7 (depth 12-120); SPEC quotes the numbers, not the table numbers.
 PAPER_POST_24 = {"none": 16.83, "linear": 15.15}      # equal and reverse diverge
@@ -50,12 +52,13 @@ def _holds_lower(ci: dict | None) -> str:
         return "not measured"
     if ci["n"] < 2:
         return f"one seed ({ci['mean']:+.3g}): no interval"
-    if ci["hi"] < 0:
+    side = stats.direction(ci)
+    if side == "lower":
         return "**yes** (interval below 0)"
+    if side == "higher":
+        return "**no** (interval above 0)"
     if ci["mean"] < 0:
         return "same sign, not resolved (interval spans 0)"
-    if ci["lo"] > 0:
-        return "**no** (interval above 0)"
     return "no (mean ≥ 0, interval spans 0)"
 
 
