@@ -30,7 +30,7 @@ def trained_run(tmp_path_factory, tok_path):
             cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), [
                 f"train.steps={steps}", "train.checkpoint_every=3", "train.eval_every=0",
                 "train.sample_tokens=0", "train.batch_size=4", "model.n_layer=3", "model.d_model=32",
-                "model.n_head=4", "model.seq_len=32", "model.vocab_size=300", "prores.warmup=4",
+                "model.n_head=4", "model.seq_len=32", "model.vocab_size=300", "prores.schedule=linear", "prores.warmup=4",
                 f"data.tokenizer={tok_path}", "diagnostics.tensorboard=false", *overrides]))
             saved_cache = os.environ.get("ANDREA_CACHE")
             os.environ["ANDREA_CACHE"] = str(tmp_path_factory.mktemp("cache"))  # its own token cache

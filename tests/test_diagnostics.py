@@ -128,7 +128,7 @@ def test_trainer_logs_diagnostics_to_jsonl_and_tensorboard(tmp_path):
     cfg = config_lib.override(cfg, [
         "model.d_model=32", "model.n_layer=3", "model.n_head=2", "model.seq_len=32",
         "train.steps=6", "train.batch_size=4", "train.log_every=3", "train.eval_every=0",
-        "train.eval_batches=1", "train.sample_tokens=0", "prores.warmup=2",
+        "train.eval_batches=1", "train.sample_tokens=0", "prores.schedule=linear", "prores.warmup=2",
         "diagnostics.every=2", "diagnostics.spike_window=2"])
     log = trainer.train(config_lib.validate(cfg), tmp_path, show_progress=False)
     lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]

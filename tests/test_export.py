@@ -130,7 +130,7 @@ def init_loaded(tok_path, *overrides, step=7):
     """A LoadedModel of the toy's shapes with random values in every parameter (no training)."""
     cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), [
         "model.n_layer=3", "model.d_model=32", "model.n_head=4", "model.seq_len=32",
-        "model.vocab_size=300", "prores.warmup=4", *overrides]))
+        "model.vocab_size=300", "prores.schedule=linear", "prores.warmup=4", *overrides]))
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda s: rng.standard_normal(s.shape, np.float32), model_lib.param_shapes(cfg.model))
     return inference.LoadedModel(cfg, params, tokenizer_lib.load(tok_path), step, "random")

@@ -18,7 +18,7 @@ def run_dir(tmp_path_factory):
     cfg = config_lib.override(config_lib.load("tiny"), [
         "model.d_model=32", f"model.n_layer={L}", "model.n_head=2", "model.seq_len=32",
         "train.steps=6", "train.batch_size=4", "train.log_every=2", "train.eval_every=3",
-        "train.eval_batches=1", "train.sample_tokens=0", "prores.warmup=1",
+        "train.eval_batches=1", "train.sample_tokens=0", "prores.schedule=linear", "prores.warmup=1",
         "diagnostics.every=2", "diagnostics.tensorboard=false"])
     workdir = tmp_path_factory.mktemp("runs") / "prores"
     trainer.train(config_lib.validate(cfg), workdir, show_progress=False)
