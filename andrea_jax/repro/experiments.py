@@ -84,9 +84,10 @@ T_SWEEP = Experiment(
     seeds=(0, 1),
     baseline="none",
     paper="no published number: the question is at which T x L / steps ProRes stops costing loss",
-    scale=("`tiny` as shipped (4 blocks of width 128, 600 steps of 16 x 128 tokens, LR 3e-3 with a "
-           "30-step warmup) with init scaled; validation over all 123 windows. Rerun the best and worst "
-           "T with `--arms NONE_AND_T --set train.steps=1800 --runs DIR` for 3x the steps"),
+    scale=("`tiny` (4 blocks of width 128, init scaled, 600 steps of 16 x 128 tokens, LR 3e-3 with a "
+           "30-step warmup); validation over all 123 windows. Rerun the best and worst T with "
+           "`--arms NONE_AND_T --set train.steps=1800 --runs DIR` for 3x the steps "
+           "(docs/prores_repro/tsweep_3x/REPORT.md)"),
 )
 
 EXPERIMENTS = {e.name: e for e in (ABLATION, STABILITY, T_SWEEP)}
