@@ -3,6 +3,7 @@
     python scripts/reproduce_prores.py --experiment ablation   # A: Post-LN none/linear/equal/reverse, depth 24
     python scripts/reproduce_prores.py --experiment stability  # B: Pre-LN at LR 3e-3: none/linear/learned gates
     python scripts/reproduce_prores.py --experiment tsweep     # C: T sweep on the README's `tiny` config
+    python scripts/reproduce_prores.py --experiment postln_tsweep  # D: A's Post-LN setup, linear ProRes against T
     python scripts/reproduce_prores.py --report-only           # rewrite the report from finished runs
 
 Runs go to RUNS/EXPERIMENT/ARM_sSEED (RUNS = runs/prores_repro), `--jobs` at a time, each a

@@ -25,6 +25,7 @@ class Experiment:
     scale: str            # the scale choice, in words
     precheck_steps: int = 0   # > 0: first a short run of the first two arms that prints the gradient ratio
     precheck_sets: tuple = ()
+    sweeps_t: bool = False    # arms T<k> are linear ProRes with T = k: report loss against T L / steps
 
     def steps(self) -> int:
         return int(dict(s.split("=", 1) for s in self.common)["train.steps"])
@@ -83,6 +84,7 @@ T_SWEEP = Experiment(
             "train.sample_tokens=0", *_QUIET),
     seeds=(0, 1),
     baseline="none",
+    sweeps_t=True,
     paper="no published number: the question is at which T x L / steps ProRes stops costing loss",
     scale=("`tiny` (4 blocks of width 128, init scaled, 600 steps of 16 x 128 tokens, LR 3e-3 with a "
            "30-step warmup); validation over all 123 windows. Rerun the best and worst T with "
@@ -90,7 +92,26 @@ T_SWEEP = Experiment(
            "(docs/prores_repro/tsweep_3x/REPORT.md)"),
 )
 
-EXPERIMENTS = {e.name: e for e in (ABLATION, STABILITY, T_SWEEP)}
+# Experiment A's setup with T as the variable: Post-LN with linear ProRes stays on the plateau at
+# T = 25 (T L = 600 steps, 4x the LR warmup); does the failure follow T L against the warmup?
+POST_LN_T_SWEEP = dataclasses.replace(
+    ABLATION,
+    name="postln_tsweep",
+    title="Experiment D: Post-LN at depth 24, linear ProRes against T",
+    arms={"none": ("prores.schedule=none",),
+          **{f"T{T}": ("prores.schedule=linear", f"prores.warmup={T}") for T in (2, 5, 10, 25)}},
+    common=tuple(s for s in ABLATION.common if not s.startswith("prores.warmup=")),
+    seeds=(0, 1, 2),
+    sweeps_t=True,
+    paper="no published number: Experiment A's failure of linear ProRes (T = 25), traced in T; "
+          "the paper's regime has T L = 12x its LR warmup (24,000 / 2,000 steps)",
+    scale=("Experiment A's (d_model 64, 24 Post-LN blocks, 1500 steps of 8 x 32 tokens, peak LR 1e-3 "
+           "after a 150-step warmup); T in {2, 5, 10, 25}, so T L = 48, 120, 240 and 600 steps: "
+           "0.3x, 0.8x, 1.6x and 4x the LR warmup"),
+    precheck_steps=0,
+)
+
+EXPERIMENTS = {e.name: e for e in (ABLATION, STABILITY, T_SWEEP, POST_LN_T_SWEEP)}
 
 # A few steps of a 2-layer model: the end-to-end test of the script, not an experiment.
 TOY_SETS = ("model.n_layer=2", "train.steps=4", "train.batch_size=2", "model.seq_len=16",

@@ -133,7 +133,7 @@ def draw(exp, runs_dir: pathlib.Path, summary: dict, out: pathlib.Path) -> list:
         written.append(out / "activation_growth.png")
         figures.activation_growth(lines_by_arm, written[-1], warmup_end)
     finals = {a: [summary["runs"][f"{a}_s{s}"]["final_val_loss"] for s in summary["seeds"]] for a in arms}
-    if exp.name == "tsweep" and cfg and any(math.isfinite(v) for a, vs in finals.items() if a != "none" for v in vs):
+    if exp.sweeps_t and cfg and any(math.isfinite(v) for a, vs in finals.items() if a != "none" for v in vs):
         written.append(out / "t_sweep.png")
         figures.t_sweep(finals, written[-1], cfg["model"]["n_layer"], cfg["train"]["steps"],
                         1.0 / (1.0 - cfg["optim"]["b2"]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from andrea_jax.repro import stats
+from andrea_jax.repro import experiments, stats
 
 # Paper (SPEC 2). The issue cites the paper's Tables 2 (headline sizes), 6 (schedule ablation,
 # 350M, L = 24) and 7 (depth 12-120); SPEC quotes the numbers, not the table numbers.
@@ -231,7 +231,7 @@ def results_markdown(summaries: dict, machine: str, notes: str) -> str:
     lines += ["## Against the paper", "", *comparison_table(summaries)]
     for name, s in summaries.items():
         lines += experiment_section(name, s)
-    not_run = [n for n in ("ablation", "stability", "tsweep") if n not in summaries]
+    not_run = [n for n in experiments.EXPERIMENTS if n not in summaries]
     if not_run:
         lines += ["## Not run", "", "No runs yet for: " + ", ".join(
             f"`python scripts/reproduce_prores.py --experiment {n}`" for n in not_run) + ".", ""]
