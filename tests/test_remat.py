@@ -37,7 +37,7 @@ def test_each_policy_gives_the_gradients_of_none(remat):
     loss, vjp = loss_and_vjp(remat)
     ref_loss, ref_vjp = loss_and_vjp("none")
     (grads,), (ref_grads,) = vjp(jnp.float32(1)), ref_vjp(jnp.float32(1))
-    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)  # measured: equal
+    assert float(loss) == float(ref_loss)  # remat changes only the backward: measured bit-equal (5.353148)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         # Recomputation reorders float32 sums: measured max |difference| 4.3e-7 to 4.5e-7 (full)
         # and 3.8e-7 to 4.7e-7 (dots) of the largest gradient (CPU, jax 0.10.2, two versions of

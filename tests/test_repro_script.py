@@ -9,10 +9,14 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def toy_command(experiment: str, tmp_path, tok_path) -> list:
+    return [sys.executable, str(ROOT / "scripts" / "reproduce_prores.py"), "--experiment", experiment,
+            "--toy", "--jobs", "2", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "docs"),
+            "--set", "model.vocab_size=300", "--set", f"data.tokenizer={tok_path}"]
+
+
 def test_toy_ablation_writes_report_and_figures_and_resumes(tmp_path, tok_path):
-    command = [sys.executable, str(ROOT / "scripts" / "reproduce_prores.py"), "--experiment", "ablation",
-               "--toy", "--jobs", "2", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "docs"),
-               "--set", "model.vocab_size=300", "--set", f"data.tokenizer={tok_path}"]
+    command = toy_command("ablation", tmp_path, tok_path)
     first = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "0 of 2 runs already done" in first.stdout
@@ -35,9 +39,7 @@ def test_toy_ablation_writes_report_and_figures_and_resumes(tmp_path, tok_path):
 
 
 def test_toy_post_ln_t_sweep_plots_loss_against_t_l_over_steps(tmp_path, tok_path):
-    command = [sys.executable, str(ROOT / "scripts" / "reproduce_prores.py"), "--experiment", "postln_tsweep",
-               "--toy", "--jobs", "2", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "docs"),
-               "--set", "model.vocab_size=300", "--set", f"data.tokenizer={tok_path}"]
+    command = toy_command("postln_tsweep", tmp_path, tok_path)
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     docs = tmp_path / "docs"

@@ -18,6 +18,16 @@ def _color(i: int):
     return plt.get_cmap("tab10")(i % 10)
 
 
+def _save(fig, path: pathlib.Path) -> None:
+    """A legend on every panel that has labelled lines, then the file."""
+    for ax in fig.axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _split(curves):
     """(steps, [n, k] values of the full-length curves), [the shorter curves]: a diverged run
     stops early and is drawn on its own rather than cutting the band short."""
@@ -46,11 +56,7 @@ def loss_by_arm(lines_by_arm: dict, path: pathlib.Path, plateau: float | None = 
         ax.set_ylabel("cross-entropy (nats/token)")
         ax.set_title(f"{'training' if key == 'loss' else 'validation'} loss: seed mean, min-max band", fontsize=10)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def escape_rates(escapes: dict, path: pathlib.Path, threshold: float) -> None:
@@ -63,9 +69,7 @@ def escape_rates(escapes: dict, path: pathlib.Path, threshold: float) -> None:
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("fraction of seeds")
     ax.set_title(f"escaped the unigram plateau (final val loss < {threshold:.2f})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def grad_ratio(lines_by_arm: dict, path: pathlib.Path, precheck: dict | None = None) -> None:
@@ -84,11 +88,7 @@ def grad_ratio(lines_by_arm: dict, path: pathlib.Path, precheck: dict | None = N
         ax.set_ylabel("|grad block 1| / |grad block L|")
         ax.set_title(f"{title}: one line per seed", fontsize=10)
         ax.grid(alpha=0.3, which="both")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def activation_growth(lines_by_arm: dict, path: pathlib.Path, warmup_end: int) -> None:
@@ -118,11 +118,7 @@ def activation_growth(lines_by_arm: dict, path: pathlib.Path, warmup_end: int) -
         when = "end of the ProRes warmup (T L)" if which == "warmup" else "last diagnostic step"
         ax.set_title(f"activation growth with depth: {when}, step {at}", fontsize=10)
         ax.grid(alpha=0.3, which="both")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def t_sweep(final_by_arm: dict, path: pathlib.Path, n_layer: int, steps: int, adam_horizon: float) -> None:
@@ -145,8 +141,4 @@ def t_sweep(final_by_arm: dict, path: pathlib.Path, n_layer: int, steps: int, ad
                                                lambda v: v * adam_horizon * n_layer / steps))
     top.set_xlabel(f"T / Adam's horizon 1 / (1 - b2) = {adam_horizon:g} steps")
     ax.grid(alpha=0.3, which="both")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)

@@ -97,11 +97,12 @@ def summarize_experiment(exp, runs_dir: pathlib.Path) -> dict | None:
     cfg = next((json.loads((runs_dir / n / "config.json").read_text()) for n in per_run
                 if (runs_dir / n / "config.json").is_file()), None)
     shape = {"n_layer": cfg["model"]["n_layer"], "steps": cfg["train"]["steps"],
-             "adam_horizon": 1.0 / (1.0 - cfg["optim"]["b2"])} if cfg else {}
+             "prores_warmup": cfg["prores"]["warmup"], "adam_horizon": 1.0 / (1.0 - cfg["optim"]["b2"])} if cfg else {}
     wall = runs_dir / "wall.json"
     return {**shape, "precheck": precheck, "title": exp.title, "config": exp.config, "scale": exp.scale,
             "paper": exp.paper, "baseline": exp.baseline, "toy": meta["toy"], "seeds": meta["seeds"],
             "extra": meta["extra"], "jobs": meta.get("jobs", 2), "default_seeds": list(exp.seeds),
+            "sweeps_t": exp.sweeps_t,
             "wall_seconds": json.loads(wall.read_text())["seconds"] if wall.is_file() else math.nan,
             "train_seconds": float(sum(r["seconds"] for r in per_run.values() if math.isfinite(r["seconds"]))),
             "plateau": plateau, "escape_margin": ESCAPE_MARGIN, "arms": arm_stats,
@@ -126,17 +127,15 @@ def draw(exp, runs_dir: pathlib.Path, summary: dict, out: pathlib.Path) -> list:
     if has_diagnostics:  # per-layer figures need runs trained with diagnostics.every > 0
         written.append(out / "grad_ratio.png")
         figures.grad_ratio(lines_by_arm, written[-1], precheck)
-    cfg = next((json.loads((runs_dir / n / "config.json").read_text()) for n in summary["runs"]
-                if (runs_dir / n / "config.json").is_file()), None)
-    warmup_end = cfg["prores"]["warmup"] * cfg["model"]["n_layer"] if cfg else 0
+    warmup_end = summary.get("prores_warmup", 0) * summary.get("n_layer", 0)
     if has_diagnostics:
         written.append(out / "activation_growth.png")
         figures.activation_growth(lines_by_arm, written[-1], warmup_end)
     finals = {a: [summary["runs"][f"{a}_s{s}"]["final_val_loss"] for s in summary["seeds"]] for a in arms}
-    if exp.sweeps_t and cfg and any(math.isfinite(v) for a, vs in finals.items() if a != "none" for v in vs):
+    if exp.sweeps_t and "n_layer" in summary and any(math.isfinite(v) for a, vs in finals.items()
+                                                       if a != "none" for v in vs):
         written.append(out / "t_sweep.png")
-        figures.t_sweep(finals, written[-1], cfg["model"]["n_layer"], cfg["train"]["steps"],
-                        1.0 / (1.0 - cfg["optim"]["b2"]))
+        figures.t_sweep(finals, written[-1], summary["n_layer"], summary["steps"], summary["adam_horizon"])
     if plateau:
         written.append(out / "escape_rates.png")
         figures.escape_rates({a: s["escape"] for a, s in summary["arms"].items()}, written[-1],

@@ -178,8 +178,8 @@ def experiment_section(name: str, s: dict) -> list:
                    f"{plateau['train_entropy']:.3f}); a run *escaped* when its final validation loss is below "
                    f"{plateau['val_cross_entropy'] - s['escape_margin']:.3f} (the plateau minus "
                    f"{s['escape_margin']} nats).")
-    t_arms = [a for a in s["arms"] if a.startswith("T") and a[1:].isdigit()]
-    if t_arms and s.get("n_layer") and s.get("steps"):
+    t_arms = [a for a in s["arms"] if a != s["baseline"]] if s.get("sweeps_t") else []
+    if t_arms and s.get("n_layer"):
         out.append("- T L / steps: " + ", ".join(f"{a} {int(a[1:]) * s['n_layer'] / s['steps']:.2f}" for a in t_arms) +
                    f"; T over Adam's horizon 1 / (1 - b2) = {s['adam_horizon']:g} steps: " +
                    ", ".join(f"{a} {int(a[1:]) / s['adam_horizon']:.2g}" for a in t_arms) + ".")
