@@ -14,31 +14,67 @@ import typing
 from dataclasses import dataclass, field
 
 
-class ConfigError(ValueError):
-    """A bad config: the message names the key."""
+from andrea_jax.errors import ConfigError  # noqa: F401  (the one project import: the error it raises)
 
 
-NORMS = ("pre", "post", "sandwich", "deepnorm", "lns")   # block placements, paper Table 1 (SPEC 2)
-INITS = ("normal", "scaled", "ds", "deepnorm")           # matrix inits (SPEC 2)
+NORMS = ("pre", "post", "sandwich", "deepnorm", "lns")   # block placements, ProRes paper Table 1
+INITS = ("normal", "scaled", "ds", "deepnorm")           # matrix inits (ProRes paper and its official code)
 GATES = ("none", "learned")                              # residual gates besides the ProRes alpha
 REMATS = ("none", "full", "dots")                        # model.remat policies (andrea_jax.model)
+# ProRes schedules (andrea_jax.model.prores has their formulas; paper Table 5)
+SCHEDULES = ("none", "linear", "linear_sqrt", "linear_square", "equal", "reverse",
+             "stagewise_0", "stagewise_L", "stagewise_sqrt_L", "stagewise_sqrt_l",
+             "fix_L", "fix_sqrt_L", "fix_sqrt_l")
+# Logical axis names of the model's arrays (andrea_jax.model.layers), which mesh.rules may map
+LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
+MESH_AXES = ("data", "fsdp", "tensor")                   # the device mesh's axes (andrea_jax.train.sharding)
+
+
+def _need(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {why}")
+
+
+def _positive(section: str, obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        _need(value > 0, f"{section}.{name}", f"must be positive, got {value}")
+
+
+def _one_of(key: str, value: str, known, what: str) -> None:
+    _need(value in known, key, f"unknown {what} {value!r}; known: {', '.join(known)}")
+
+
+def parse_rules(text: str) -> dict[str, tuple[str, ...]]:
+    """`mesh.rules` ("batch=data+fsdp,embed=,vocab=tensor") as {name: mesh axes}; '' = {}."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, axes = (s.strip() for s in item.partition("="))
+        if not sep or name not in LOGICAL_AXES:
+            raise ConfigError(f"mesh.rules: {item!r} is not NAME=AXIS[+AXIS] with NAME one of "
+                              f"{', '.join(LOGICAL_AXES)}")
+        out[name] = tuple(filter(None, (a.strip() for a in axes.split("+"))))
+        bad = [a for a in out[name] if a not in MESH_AXES]
+        if bad:
+            raise ConfigError(f"mesh.rules: {item!r} names {bad[0]!r}; mesh axes are {', '.join(MESH_AXES)}")
+    return out
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int = 8449      # 256 bytes + 8192 BPE merges + <|endoftext|> (SPEC 1)
+    vocab_size: int = 8449      # 256 bytes + 8192 BPE merges + <|endoftext|> (the ANDREA document)
     seq_len: int = 1024         # context length = number of learned position embeddings
     d_model: int = 768          # residual stream width
     n_layer: int = 12           # number of blocks L
     n_head: int = 12            # attention heads; head dim = d_model / n_head
-    mlp_ratio: int = 4          # mlp_dim = mlp_ratio * d_model (SPEC 1: 3072 for 768)
+    mlp_ratio: int = 4          # mlp_dim = mlp_ratio * d_model (the ANDREA document: 3072 for 768)
     ln_eps: float = 1e-5        # LayerNorm epsilon (GPT-2 convention)
     init_std: float = 0.02      # std of the normal init of every matrix and embedding
     dtype: str = "float32"      # compute dtype: float32 (CPU default) or bfloat16; params stay float32
     remat: str = "none"         # one of REMATS: what the backward pass recomputes of each block instead of storing it
                                 # (none; full: everything, the least memory; dots: all but the projection matmuls' outputs)
     attention: str = "auto"     # auto (cuDNN flash attention where a GPU, bf16 and the head dim allow; else xla) | xla | cudnn (falls back to xla, saying why)
-    norm: str = "pre"           # block placement, one of NORMS (formulas: SPEC 2 / andrea_jax.model)
+    norm: str = "pre"           # block placement, one of NORMS (formulas: ProRes paper Table 1 / andrea_jax.model)
     init: str = "normal"        # one of INITS: normal, scaled (out proj / sqrt(2L)), ds (/ sqrt(2l)), deepnorm
     gates: str = "none"         # learned: a trainable scalar per block, from 0, times alpha (ReZero; +L params)
 
@@ -48,11 +84,30 @@ class ModelConfig:
         if isinstance(self.remat, bool) or str(self.remat).lower() in ("true", "false"):
             object.__setattr__(self, "remat", "full" if str(self.remat).lower() == "true" else "none")
 
+    def check(self) -> None:
+        _positive("model", self, "vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_ratio",
+                  "ln_eps", "init_std")
+        _need(self.d_model % self.n_head == 0, "model.d_model",
+              f"{self.d_model} is not divisible by model.n_head={self.n_head}")
+        _need(self.vocab_size >= 257, "model.vocab_size",
+              f"must be >= 257 (256 bytes + end-of-text), got {self.vocab_size}")
+        _need(self.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {self.dtype!r}")
+        _need(self.attention in ("auto", "xla", "cudnn"), "model.attention",
+              f"must be auto, xla or cudnn, got {self.attention!r}")
+        _one_of("model.norm", self.norm, NORMS, "placement")
+        _one_of("model.init", self.init, INITS, "init")
+        _one_of("model.gates", self.gates, GATES, "gates")
+        _one_of("model.remat", self.remat, REMATS, "remat policy")
+
 
 @dataclass(frozen=True)
 class ProResConfig:
     schedule: str = "linear"    # one of andrea_jax.prores.SCHEDULES; `none` turns ProRes off
     warmup: int = 1000          # T: warmup of the first layer, in optimizer steps (paper default)
+
+    def check(self) -> None:
+        _one_of("prores.schedule", self.schedule, SCHEDULES, "schedule")
+        _need(self.warmup >= 0, "prores.warmup", f"must be >= 0, got {self.warmup}")
 
 
 @dataclass(frozen=True)
@@ -70,6 +125,17 @@ class OptimConfig:
     skip_nonfinite: bool = False  # skip an update whose gradient is not finite (counted as skipped_updates) instead of stopping the run; off: a NaN is a bug to see
     max_consecutive_skips: int = 10  # skip_nonfinite: stop after this many skipped updates in a row (a stuck run; a spike skips a few)
 
+    def check(self) -> None:
+        _need(self.lr > 0 and math.isfinite(self.lr), "optim.lr", f"must be positive, got {self.lr}")
+        _need(self.schedule in ("cosine", "wsd"), "optim.schedule", f"must be cosine or wsd, got {self.schedule!r}")
+        _need(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        _need(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        _need(0 < self.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
+        _need(0 <= self.b1 < 1, "optim.b1", f"must be in [0, 1), got {self.b1}")
+        _need(0 <= self.b2 < 1, "optim.b2", f"must be in [0, 1), got {self.b2}")
+        _positive("optim", self, "eps", "clip_norm", "max_consecutive_skips")
+        _need(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {self.weight_decay}")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -83,6 +149,14 @@ class TrainConfig:
     checkpoint_every: int = 1000  # steps between Orbax checkpoints (and at the end); 0 = none, no resume
     keep_checkpoints: int = 3   # newest checkpoints kept on disk
     microbatches: int = 1       # gradient accumulation: each batch runs as this many equal slices, one update (memory of one slice)
+
+    def check(self) -> None:
+        _positive("train", self, "steps", "batch_size", "log_every", "eval_batches", "keep_checkpoints",
+                  "microbatches")
+        for name in ("eval_every", "sample_tokens", "checkpoint_every"):
+            _need(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _need(self.batch_size % self.microbatches == 0, "train.microbatches",
+              f"{self.microbatches} does not divide train.batch_size={self.batch_size}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +175,26 @@ class DataConfig:
     pretokenize: bool = True    # false: grain workers tokenize and pack documents on the fly (slower, not bit-identical)
     stream_workers: int = 2     # pretokenize=false: grain worker processes that tokenize (0 = in the training process)
 
+    def check(self) -> None:
+        d = self
+        _one_of("data.source", d.source, ("embedded", "files", "tfds", "prepared"), "source")
+        _need(d.source != "files" or bool(d.path), "data.path",
+              "data.source=files needs a folder, file or glob of .txt / .jsonl files")
+        _need(d.source != "prepared" or bool(d.path), "data.path",
+              "data.source=prepared needs the folder written by python -m andrea_jax.data.prepare")
+        _need(d.source in ("files", "prepared") or not d.path, "data.path",
+              f"is only read with data.source=files or prepared, not {d.source!r}")
+        _need(d.source != "tfds" or bool(d.tfds_name), "data.tfds_name",
+              "data.source=tfds needs a TFDS dataset name, e.g. lm1b or c4/en")
+        for key, value in (("data.tfds_name", d.tfds_name), ("data.tfds_val_split", d.tfds_val_split)):
+            _need(d.source == "tfds" or not value, key, f"is only read with data.source=tfds, not {d.source!r}")
+        _need(d.source != "tfds" or bool(d.tfds_split), "data.tfds_split", "must name the split to train on")
+        _need(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
+        _positive("data", d, "tokenizer_sample_mb")
+        _need(d.stream_workers >= 0, "data.stream_workers", f"must be >= 0, got {d.stream_workers}")
+        _need(d.pretokenize or d.source != "prepared", "data.pretokenize",
+              "must be true with data.source=prepared: a prepared dataset is already tokenized")
+
 
 @dataclass(frozen=True)
 class DiagnosticsConfig:
@@ -109,10 +203,19 @@ class DiagnosticsConfig:
     spike_sigmas: float = 6.0   # loss-spike score: a spike is a loss above rolling mean + this many stds
     tensorboard: bool = True    # also write every metric line as TensorBoard events under WORKDIR/tb
 
+    def check(self) -> None:
+        _need(self.every >= 0, "diagnostics.every", f"must be >= 0, got {self.every}")
+        _need(self.spike_window >= 2, "diagnostics.spike_window", f"must be >= 2, got {self.spike_window}")
+        _positive("diagnostics", self, "spike_sigmas")
+
 
 @dataclass(frozen=True)
 class KernelsConfig:
-    impl: str = "auto"          # xla | pallas | triton | auto (pallas on GPU, xla on CPU)
+    impl: str = "auto"          # xla | pallas | triton | auto (xla everywhere until a GPU train-step measurement: kernels/__init__.py)
+
+    def check(self) -> None:
+        _need(self.impl in ("auto", "xla", "pallas", "triton"), "kernels.impl",
+              f"must be auto, xla, pallas or triton, got {self.impl!r}")
 
 
 @dataclass(frozen=True)
@@ -123,6 +226,13 @@ class MeshConfig:
     fsdp: int = 1               # fully sharded data parallel: batch split, matrices and Adam moments split on d_model
     tensor: int = 1             # tensor parallel: heads, MLP width, vocabulary split; must divide n_head and the MLP width
     rules: str = ""             # overrides of sharding.RULES, "NAME=AXIS+AXIS,NAME=" (empty after = = whole); "" = none
+
+    def check(self) -> None:
+        for key in MESH_AXES:  # the device count is checked when the mesh is made
+            value = getattr(self, key)
+            _need(value >= 1 or value == -1, f"mesh.{key}", f"must be positive or -1 (the rest), got {value}")
+        _need([self.data, self.fsdp, self.tensor].count(-1) <= 1, "mesh.data", "only one mesh axis may be -1")
+        parse_rules(self.rules)
 
 
 @dataclass(frozen=True)
@@ -140,11 +250,28 @@ class Config:
         return dataclasses.asdict(self)
 
 
-_CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+def from_dict(tree: dict) -> Config:
+    """A validated Config from its `to_dict()` form; an unknown key (from a newer version) is a ConfigError."""
+    try:
+        kinds = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
+        unknown = sorted(set(tree) - set(kinds))
+        if unknown:
+            raise ConfigError(f"unknown config section {unknown[0]!r}")
+        return validate(Config(**{name: kind(**tree.get(name, {})) for name, kind in kinds.items()}))
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
+
+
+# Named configs are the modules of the project's configs/ folder, installed as andrea_jax.configs.
+_CONFIG_PACKAGE = "andrea_jax.configs"
 
 
 def load(name_or_path: str) -> Config:
-    """Loads `configs/NAME.py` or a path to such a file; the module defines `get_config()`."""
+    """Loads `configs/NAME.py` or a path to such a file; the module defines `get_config()`.
+
+    `NAME:ARG` (as big_vision's `--config file.py:arg`) passes the text after the colon to
+    `get_config(ARG)`: `depth:family=71m,layers=48` is one member of the depth sweep."""
+    name_or_path, _, arg = name_or_path.partition(":")
     path = pathlib.Path(name_or_path)
     # A config is user code: whatever it raises (a syntax error, a bad import) is a config error.
     try:
@@ -158,7 +285,7 @@ def load(name_or_path: str) -> Config:
             module = _import_named(name_or_path)
         if not callable(getattr(module, "get_config", None)):
             raise ConfigError(f"config {name_or_path!r} defines no get_config()")
-        config = module.get_config()
+        config = module.get_config(arg) if arg else module.get_config()
     except ConfigError:
         raise
     except Exception as e:
@@ -173,11 +300,12 @@ def load(name_or_path: str) -> Config:
 
 def _import_named(name: str):
     try:
-        return importlib.import_module(f"configs.{name}")
+        return importlib.import_module(f"{_CONFIG_PACKAGE}.{name}")
     except ModuleNotFoundError as e:
-        if not e.name or not f"configs.{name}.".startswith(e.name + "."):
+        if not e.name or not f"{_CONFIG_PACKAGE}.{name}.".startswith(e.name + "."):
             raise  # the config exists but imports something missing: not an unknown name
-        known = sorted(p.stem for p in _CONFIG_DIR.glob("*.py") if not p.stem.startswith("_"))
+        folder = pathlib.Path(importlib.import_module(_CONFIG_PACKAGE).__file__).parent
+        known = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
         raise ConfigError(f"unknown config {name!r}; known: {', '.join(known)}") from None
 
 
@@ -228,85 +356,10 @@ def _check_types(config: Config) -> None:
 
 
 def validate(config: Config) -> Config:
-    """Raises ConfigError naming the first invalid key; returns the config unchanged."""
-    from andrea_jax import prores
-
+    """Raises ConfigError naming the first invalid key; returns the config unchanged. Each section
+    checks its own fields; what depends on the machine (the mesh against the devices) is checked
+    when the mesh is made, still before anything compiles."""
     _check_types(config)
-    m, p, o, t, d, k = (config.model, config.prores, config.optim, config.train,
-                        config.data, config.kernels)
-
-    def need(ok: bool, key: str, why: str) -> None:
-        if not ok:
-            raise ConfigError(f"{key}: {why}")
-
-    for key, value in [("model.vocab_size", m.vocab_size), ("model.seq_len", m.seq_len),
-                       ("model.d_model", m.d_model), ("model.n_layer", m.n_layer),
-                       ("model.n_head", m.n_head), ("model.mlp_ratio", m.mlp_ratio),
-                       ("train.steps", t.steps), ("train.batch_size", t.batch_size),
-                       ("train.log_every", t.log_every), ("train.eval_batches", t.eval_batches)]:
-        need(value > 0, key, f"must be positive, got {value}")
-    need(m.d_model % m.n_head == 0, "model.d_model",
-         f"{m.d_model} is not divisible by model.n_head={m.n_head}")
-    need(m.vocab_size >= 257, "model.vocab_size", f"must be >= 257 (256 bytes + end-of-text), got {m.vocab_size}")
-    need(m.ln_eps > 0, "model.ln_eps", f"must be positive, got {m.ln_eps}")
-    need(m.init_std > 0, "model.init_std", f"must be positive, got {m.init_std}")
-    need(m.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {m.dtype!r}")
-    need(m.attention in ("auto", "xla", "cudnn"), "model.attention",
-         f"must be auto, xla or cudnn, got {m.attention!r}")
-    need(m.norm in NORMS, "model.norm", f"unknown placement {m.norm!r}; known: {', '.join(NORMS)}")
-    need(m.init in INITS, "model.init", f"unknown init {m.init!r}; known: {', '.join(INITS)}")
-    need(m.gates in GATES, "model.gates", f"unknown gates {m.gates!r}; known: {', '.join(GATES)}")
-    need(m.remat in REMATS, "model.remat", f"unknown remat policy {m.remat!r}; known: {', '.join(REMATS)}")
-    g = config.diagnostics
-    need(g.every >= 0, "diagnostics.every", f"must be >= 0, got {g.every}")
-    need(g.spike_window >= 2, "diagnostics.spike_window", f"must be >= 2, got {g.spike_window}")
-    need(g.spike_sigmas > 0, "diagnostics.spike_sigmas", f"must be positive, got {g.spike_sigmas}")
-    need(p.schedule in prores.SCHEDULES, "prores.schedule",
-         f"unknown schedule {p.schedule!r}; known: {', '.join(prores.SCHEDULES)}")
-    need(p.warmup >= 0, "prores.warmup", f"must be >= 0, got {p.warmup}")
-    need(o.lr > 0 and math.isfinite(o.lr), "optim.lr", f"must be positive, got {o.lr}")
-    need(o.schedule in ("cosine", "wsd"), "optim.schedule", f"must be cosine or wsd, got {o.schedule!r}")
-    need(o.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
-    need(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
-    need(0 < o.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {o.decay_fraction}")
-    need(0 <= o.b1 < 1, "optim.b1", f"must be in [0, 1), got {o.b1}")
-    need(0 <= o.b2 < 1, "optim.b2", f"must be in [0, 1), got {o.b2}")
-    need(o.eps > 0, "optim.eps", f"must be positive, got {o.eps}")
-    need(o.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {o.weight_decay}")
-    need(o.clip_norm > 0, "optim.clip_norm", f"must be positive, got {o.clip_norm}")
-    need(o.max_consecutive_skips > 0, "optim.max_consecutive_skips", f"must be positive, got {o.max_consecutive_skips}")
-    need(t.eval_every >= 0, "train.eval_every", f"must be >= 0, got {t.eval_every}")
-    need(t.sample_tokens >= 0, "train.sample_tokens", f"must be >= 0, got {t.sample_tokens}")
-    need(t.checkpoint_every >= 0, "train.checkpoint_every", f"must be >= 0, got {t.checkpoint_every}")
-    need(t.keep_checkpoints > 0, "train.keep_checkpoints", f"must be positive, got {t.keep_checkpoints}")
-    need(d.source in ("embedded", "files", "tfds", "prepared"), "data.source",
-         f"unknown source {d.source!r}; known: embedded, files, tfds, prepared")
-    need(d.source != "files" or bool(d.path), "data.path",
-         "data.source=files needs a folder, file or glob of .txt / .jsonl files")
-    need(d.source != "prepared" or bool(d.path), "data.path",
-         "data.source=prepared needs the folder written by python -m andrea_jax.data.prepare")
-    need(d.source in ("files", "prepared") or not d.path, "data.path",
-         f"is only read with data.source=files or prepared, not {d.source!r}")
-    need(d.source != "tfds" or bool(d.tfds_name), "data.tfds_name",
-         "data.source=tfds needs a TFDS dataset name, e.g. lm1b or c4/en")
-    for key, value in (("data.tfds_name", d.tfds_name), ("data.tfds_val_split", d.tfds_val_split)):
-        need(d.source == "tfds" or not value, key, f"is only read with data.source=tfds, not {d.source!r}")
-    need(d.source != "tfds" or bool(d.tfds_split), "data.tfds_split", "must name the split to train on")
-    need(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
-    need(d.tokenizer_sample_mb > 0, "data.tokenizer_sample_mb", f"must be positive, got {d.tokenizer_sample_mb}")
-    need(d.stream_workers >= 0, "data.stream_workers", f"must be >= 0, got {d.stream_workers}")
-    need(d.pretokenize or d.source != "prepared", "data.pretokenize",
-         "must be true with data.source=prepared: a prepared dataset is already tokenized")
-    need(k.impl in ("auto", "xla", "pallas", "triton"), "kernels.impl",
-         f"must be auto, xla, pallas or triton, got {k.impl!r}")
-    need(t.microbatches > 0, "train.microbatches", f"must be positive, got {t.microbatches}")
-    need(t.batch_size % t.microbatches == 0, "train.microbatches",
-         f"{t.microbatches} does not divide train.batch_size={t.batch_size}")
-    mesh = config.mesh
-    for key in ("data", "fsdp", "tensor"):  # the device count is checked when the mesh is made
-        value = getattr(mesh, key)
-        need(value >= 1 or value == -1, f"mesh.{key}", f"must be positive or -1 (the rest), got {value}")
-    need([mesh.data, mesh.fsdp, mesh.tensor].count(-1) <= 1, "mesh.data", "only one mesh axis may be -1")
-    from andrea_jax import sharding
-    sharding.parse_rules(mesh.rules)  # raises ConfigError naming mesh.rules
+    for section in dataclasses.fields(config):
+        getattr(config, section.name).check()
     return config

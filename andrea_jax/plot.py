@@ -22,10 +22,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
+from andrea_jax.errors import PlotError  # noqa: E402
 
 
-class PlotError(ValueError):
-    """A workdir that cannot be plotted: the message names it."""
 
 
 def load_run(workdir) -> dict:

@@ -48,7 +48,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from andrea_jax import config as config_lib, model as model_lib, steps  # noqa: E402
+from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
+from andrea_jax.train import steps
 
 TIMINGS = ("train_step", "fwd_loss", "fwd_bwd")
 

@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from andrea_jax.data import loader, pipeline, pretokenize, token_shards, tokenizer  # noqa: E402
+from andrea_jax.data import loader, pipeline, shard_writer, tokenize, token_shards, tokenizer  # noqa: E402
 
 SEQ_LEN = 1024
 # (global batch, process count): the per-process batch is their quotient.
@@ -70,22 +70,22 @@ def synthetic_dataset(folder: pathlib.Path, n_tokens: int, shards: int, doc_toke
     for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
         ends = np.cumsum(rng.geometric(1 / doc_tokens, 2 * (hi - lo) // doc_tokens + 10))
         lengths = np.diff(np.concatenate([[0], ends[ends < hi - lo], [hi - lo]]))
-        markers.append(token_shards.write_shard(folder, token_shards.shard_file(s, shards), [(ids[lo:hi], lengths)],
+        markers.append(shard_writer.write_shard(folder, token_shards.shard_file(s, shards), [(ids[lo:hi], lengths)],
                                                 np.uint16, {"tokenizer": "synthetic"}))
-    token_shards.write_manifest(folder, markers, tokenizer="synthetic")
+    shard_writer.write_manifest(folder, markers, tokenizer="synthetic")
     return token_shards.ShardedTokens.open(folder)
 
 
 def measure_pretokenize(tok, copies: int) -> tuple[float, float]:
     docs = pipeline.read_text(pipeline.EMBEDDED_CORPUS).split("\n\n") * copies
     start = time.perf_counter()
-    ids = pretokenize.encode_documents(tok, docs)
+    ids = tokenize.encode_documents(tok, docs)
     seconds = time.perf_counter() - start
     return sum(len(d.encode()) for d in docs) / seconds, len(ids) / seconds
 
 
 def measure_prepare(tok_path: pathlib.Path, folder: pathlib.Path, megabytes: int, workers: int, shards: int) -> dict:
-    from andrea_jax.data import prepare
+    from andrea_jax.data import beam_prepare as prepare
 
     corpus = folder / "corpus"
     if not corpus.is_dir():

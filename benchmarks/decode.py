@@ -25,7 +25,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from andrea_jax import config as config_lib, generate, inference, model as model_lib  # noqa: E402
+from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
+from andrea_jax.serve import generate, load
 from andrea_jax.data import tokenizer as tokenizer_lib  # noqa: E402
 
 
@@ -70,7 +71,7 @@ def main(argv=None):
     V = cfg.model.vocab_size
     # A stand-in tokenizer: only its EOT id matters here, and stop_at_eot is off for equal work.
     tok = tokenizer_lib.train(["ab ab"], 258)
-    loaded = inference.LoadedModel(cfg, params, tok, 10 ** 9, "random")  # past the warmup: alphas all 1
+    loaded = load.LoadedModel(cfg, params, tok, 10 ** 9, "random")  # past the warmup: alphas all 1
     prompt = list(np.random.default_rng(0).integers(1, V, args.prompt_tokens))
     n = args.new_tokens
 

@@ -36,8 +36,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels import pallas_ops, reference  # noqa: E402
+from andrea_jax import kernels  # noqa: E402
+from andrea_jax.kernels import pallas_ops, reference  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e peak
 D_NORM, D_GELU = 768, 3072
@@ -55,7 +55,7 @@ TARGETS = {("residual_layer_norm", "fwd+bwd"): (1.5, 0.80), ("bias_gelu", "fwd+b
 def available_impls() -> tuple[list[str], str]:
     impls, note = ["xla", "pallas"], ""
     try:
-        from kernels import triton_ops
+        from andrea_jax.kernels import triton_ops
         triton_ops.check_available()
         impls.append("triton")
     except kernels.KernelUnavailableError as err:

@@ -31,7 +31,8 @@ def measure(cfg, mesh_shape, n: int) -> dict:
     import jax
     import numpy as np
 
-    from andrea_jax import config as config_lib, sharding, steps
+    from andrea_jax import config as config_lib
+    from andrea_jax.train import sharding, steps
 
     cfg = dataclasses.replace(cfg, mesh=config_lib.MeshConfig(*mesh_shape))
     mesh = steps.make_mesh(cfg, jax.devices()[:n])
@@ -52,7 +53,8 @@ def mib(b: int) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="andrea_120m,depth_71m_120")
+    parser.add_argument("--configs", default="andrea_120m;depth:family=71m,layers=120",
+                        help="config names separated by ';' (a depth config holds commas)")
     parser.add_argument("--devices", default="1,8,64", help="device counts (the largest is faked)")
     parser.add_argument("--batch", type=int, default=64, help="global batch in sequences (all layouts)")
     parser.add_argument("--tensor", type=int, default=4, help="tensor-parallel size of fsdp+tensor")
@@ -67,7 +69,7 @@ def main(argv=None):
     print("| config | devices | mesh (data, fsdp, tensor) | rows/device | params | optimizer | "
           "compiled arguments | temp (activations, grads) |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in args.configs.split(","):
+    for name in args.configs.split(";"):
         cfg = config_lib.load(name)
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=args.batch))
         n_params = model_lib.count_params(cfg.model)

@@ -1,9 +1,9 @@
 """Compile time, step time and memory of the train step by depth, for each model.remat policy.
 
-    python benchmarks/step.py                                  # depth_tiny_{12..120}, none|full|dots
+    python benchmarks/step.py                                  # depth:family=tiny,layers={12..120}, none|full|dots
     python benchmarks/step.py --family 71m --depths 12,120 --remat full --batch 8   # on a GPU
 
-The depth_FAMILY_L configs (configs/_depth.py) at their own width, synthetic tokens, one device.
+The depth:family=F,layers=L configs (configs/depth.py) at their own width, synthetic tokens, one device.
 Per row (benchmarks/train_step.py `measure`): compile = lowering + XLA compilation of the whole
 train step (forward, backward, clipping, AdamW); step = median of `--steps` steps after 2
 warm-up steps, and the median CPU time (all threads of the process) of a step, which other
@@ -31,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from andrea_jax import config as config_lib  # noqa: E402
-from configs._depth import DEPTHS, depth_config  # noqa: E402
+from andrea_jax.configs.depth import DEPTHS, depth_config  # noqa: E402
 from train_step import measure  # noqa: E402
 
 

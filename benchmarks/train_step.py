@@ -44,9 +44,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import kernels  # noqa: E402
+from andrea_jax import kernels  # noqa: E402
 import mfu as mfu_lib  # noqa: E402
-from andrea_jax import config as config_lib, model as model_lib, steps  # noqa: E402
+from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
+from andrea_jax.train import steps
 
 
 def variants(crosses: list[str]) -> list[list[str]]:

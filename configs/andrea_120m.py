@@ -1,8 +1,8 @@
-"""ANDREA-120M (SPEC 1): 12 blocks, d_model 768, 12 heads, GELU MLP 4x, tied embeddings, vocab 8449.
+"""ANDREA-120M (the ANDREA document): 12 blocks, d_model 768, 12 heads, GELU MLP 4x, tied embeddings, vocab 8449.
 
 92,331,264 parameters. The name comes from the source document's "about 120M", which counts the
 tied embedding twice; the true count is what the code reports. Optimizer and ProRes follow the
-paper's setup (SPEC 2): AdamW (0.9, 0.95), wd 0.1, clip 1.0, WSD with 2000 warmup steps and a
+ProRes paper's setup: AdamW (0.9, 0.95), wd 0.1, clip 1.0, WSD with 2000 warmup steps and a
 linear decay over the last 10%, batch 512 x 1024, 100k steps, linear ProRes with T = 1000, bf16.
 
 Data: the embedded tinyshakespeare by default, which holds only 293 windows of 1025 tokens, fewer

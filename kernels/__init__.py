@@ -15,13 +15,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels import reference
+from andrea_jax.kernels import reference
+from andrea_jax.errors import KernelUnavailableError  # noqa: F401  (callers catch it here)
 
 IMPLS = ("auto", "xla", "pallas", "triton")
 
 
-class KernelUnavailableError(RuntimeError):
-    """The requested backend cannot run here; the message names what is missing."""
 
 
 def resolve(impl: str) -> str:
@@ -39,9 +38,9 @@ def _backend(impl: str):
     if name == "xla":
         return None
     if name == "pallas":
-        from kernels import pallas_ops
+        from andrea_jax.kernels import pallas_ops
         return pallas_ops
-    from kernels import triton_ops  # raises KernelUnavailableError naming what is missing
+    from andrea_jax.kernels import triton_ops  # raises KernelUnavailableError naming what is missing
     triton_ops.check_available()
     return triton_ops
 
@@ -60,7 +59,7 @@ def layer_norm(x, gamma, beta, *, eps: float = 1e-5, impl: str = "auto"):
     backend = _backend(impl)
     if backend is None or x.size == 0:
         return reference.layer_norm(x, gamma, beta, eps=eps)
-    from kernels import fused
+    from andrea_jax.kernels import fused
     return fused.layer_norm_fn(backend, float(eps))(x, gamma, beta)
 
 
@@ -72,7 +71,7 @@ def residual_layer_norm(x, delta, alpha, gamma, beta, *, eps: float = 1e-5, impl
     backend = _backend(impl)
     if backend is None or x.size == 0:
         return reference.residual_layer_norm(x, delta, alpha, gamma, beta, eps=eps)
-    from kernels import fused
+    from andrea_jax.kernels import fused
     alpha = jnp.asarray(alpha, jnp.float32)
     if alpha.shape != ():
         raise ValueError(f"residual_layer_norm: alpha must be a scalar, got shape {alpha.shape}")
@@ -93,5 +92,5 @@ def bias_gelu(h, bias, *, impl: str = "auto"):
     backend = _backend(impl)
     if backend is None or h.size == 0:
         return _bias_gelu_saving_inputs(h, bias)
-    from kernels import fused
+    from andrea_jax.kernels import fused
     return fused.bias_gelu_fn(backend)(h, bias)

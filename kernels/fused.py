@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
-from kernels import sharded
+from andrea_jax.kernels import sharded
 
 
 def _rows(a):

@@ -237,7 +237,7 @@ def ln_bwd(h, dy, gamma, mean, rstd, *, dh=None, alpha=None, delta=None):
 
 
 def gelu_and_grad(u):
-    """tanh GELU (SPEC 1) and its derivative, float32."""
+    """tanh GELU (the ANDREA document's formula) and its derivative, float32."""
     t = jnp.tanh(_GELU_C * (u + _GELU_K * u * u * u))
     gelu = 0.5 * u * (1.0 + t)
     dgelu = 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_K * u * u)

@@ -30,6 +30,6 @@ def gelu_tanh(u):
 
 
 def bias_gelu(h, bias):
-    """tanh GELU of h + bias (SPEC 1), computed in float32."""
+    """tanh GELU of h + bias (the ANDREA document's formula), computed in float32."""
     u = h.astype(jnp.float32) + bias.astype(jnp.float32)
     return gelu_tanh(u).astype(h.dtype)

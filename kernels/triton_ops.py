@@ -12,7 +12,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 
-from kernels import KernelUnavailableError
+from andrea_jax.errors import KernelUnavailableError
 
 try:
     import jax_triton as jt
@@ -23,7 +23,7 @@ except ImportError as err:  # the CPU image and CI have neither
         f"kernels impl='triton' needs the packages `triton` and `jax-triton` (pip install "
         f"jax-triton, with a CUDA build of jax); the import of {err.name!r} failed: {err}") from err
 
-from kernels import pallas_ops
+from andrea_jax.kernels import pallas_ops
 
 
 def check_available() -> None:
@@ -75,13 +75,21 @@ def _ln_normalise(h, mask, cols, col_ok, rows, row_ok, offs, gamma_ptr, beta_ptr
 
 
 @triton.jit
-def _ln_fwd_kernel(x_ptr, gamma_ptr, beta_ptr, n_rows, n_cols, eps, y_ptr, mean_ptr, rstd_ptr,
-                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _row_tile(n_rows, n_cols, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's BLOCK_R rows of a row-major [n_rows, n_cols] array, every column (BLOCK_D >=
+    n_cols): the row and column indices, which of them are in bounds, and the element offsets."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     row_ok, col_ok = rows < n_rows, cols < n_cols
     mask = row_ok[:, None] & col_ok[None, :]
     offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    return rows, cols, row_ok, col_ok, mask, offs
+
+
+@triton.jit
+def _ln_fwd_kernel(x_ptr, gamma_ptr, beta_ptr, n_rows, n_cols, eps, y_ptr, mean_ptr, rstd_ptr,
+                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows, cols, row_ok, col_ok, mask, offs = _row_tile(n_rows, n_cols, BLOCK_R, BLOCK_D)
     h = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     _ln_normalise(h, mask, cols, col_ok, rows, row_ok, offs, gamma_ptr, beta_ptr, y_ptr, mean_ptr,
                   rstd_ptr, n_cols, eps)
@@ -91,11 +99,7 @@ def _ln_fwd_kernel(x_ptr, gamma_ptr, beta_ptr, n_rows, n_cols, eps, y_ptr, mean_
 def _residual_ln_fwd_kernel(x_ptr, delta_ptr, alpha_ptr, gamma_ptr, beta_ptr, n_rows, n_cols, eps,
                             h_ptr, y_ptr, mean_ptr, rstd_ptr,
                             BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
-    row_ok, col_ok = rows < n_rows, cols < n_cols
-    mask = row_ok[:, None] & col_ok[None, :]
-    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    rows, cols, row_ok, col_ok, mask, offs = _row_tile(n_rows, n_cols, BLOCK_R, BLOCK_D)
     alpha = tl.load(alpha_ptr)
     h = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     h += alpha * tl.load(delta_ptr + offs, mask=mask, other=0.0).to(tl.float32)

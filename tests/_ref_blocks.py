@@ -1,4 +1,4 @@
-"""Direct jnp transcriptions of SPEC 2's block formulas, independent of andrea_jax.model's code
+"""Direct jnp transcriptions of the ProRes paper's block formulas (Table 1), independent of andrea_jax.model's code
 path (no flax, no kernels): the reference of tests/test_variants.py and tests/test_diagnostics.py.
 """
 import math
@@ -34,7 +34,7 @@ def mlp(p, y):
 
 
 def block(norm, p, x, a, l, L, n_head):
-    """One block of SPEC 2's table. Returns (x_out, [(a * F, skip) for attn, mlp])."""
+    """One block of the paper's Table 1. Returns (x_out, [(a * F, skip) for attn, mlp])."""
     N = lambda name, v: layer_norm(v, p, name)
     Attn = lambda v: attention(p, v, n_head)
     MLP = lambda v: mlp(p, v)

@@ -19,7 +19,8 @@ def trained_run(tmp_path_factory, tok_path):
     """make(*overrides, steps=6) -> the workdir of a short run of a 3-block toy on the embedded
     corpus, checkpointed every 3 steps; with prores.warmup=4 its alphas at step 6 are
     [1, 0.75, 0.5] (mid-warmup). Runs are cached per arguments within a test process."""
-    from andrea_jax import config as config_lib, trainer
+    from andrea_jax import config as config_lib
+    from andrea_jax.train import loop as trainer
 
     made = {}
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P  # noqa: E402
 
-import kernels  # noqa: E402
+from andrea_jax import kernels  # noqa: E402
 
 # float32 throughout; the sharded run sums dgamma/dbeta/dalpha/dbias as per-device partials plus
 # a psum, the unsharded one in one pass: only the summation order differs (measured <= 1e-6 of
@@ -99,8 +99,9 @@ def check_ops(mesh, spec, lead, label, *, context: bool):
 
 def check_model():
     """The tiny model, trainer-style (explicit 1-D 'data' mesh, batch split), pallas vs xla."""
-    from andrea_jax import model as model_lib, steps
-    from configs import tiny
+    from andrea_jax import model as model_lib
+    from andrea_jax.train import steps
+    from andrea_jax.configs import tiny
 
     cfg = tiny.get_config().model
     params = model_lib.init(cfg, jax.random.key(0), "xla")["params"]

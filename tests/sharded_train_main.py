@@ -26,7 +26,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from andrea_jax import sharding, steps  # noqa: E402
+from andrea_jax.train import sharding, steps  # noqa: E402
 from andrea_jax.config import (Config, KernelsConfig, MeshConfig, ModelConfig, OptimConfig,  # noqa: E402
                                ProResConfig, TrainConfig)
 

@@ -2,6 +2,7 @@
 per-step losses); an unreadable checkpoint is passed over for an older one and kept; changed
 settings are refused by name unless they cannot change the run (or, for the schedule, unless
 confirmed)."""
+import dataclasses
 import json
 import shutil
 
@@ -9,11 +10,18 @@ import numpy as np
 import pytest
 
 import train
-from andrea_jax import config as config_lib, trainer
+from andrea_jax import config as config_lib
+from andrea_jax.errors import ResumeError
+from andrea_jax.train import loop as trainer
+from andrea_jax.workdir import Workdir
 
+# Linear ProRes with T = 4: the alphas are [0.75, 0.375] at the step-3 checkpoint and [1, 0.75] at
+# step 6 (layer 2 is fully on only after step 8), so every resume below happens mid-ramp and a
+# resumed run must restore the step the alphas are computed from, not only the LR's.
 OVERRIDES = ["train.steps=6", "train.checkpoint_every=3", "train.log_every=1", "train.eval_every=3",
              "train.eval_batches=1", "train.sample_tokens=0", "train.batch_size=4", "model.vocab_size=300",
-             "model.n_layer=2", "model.d_model=32", "model.seq_len=16", "diagnostics.tensorboard=false"]
+             "model.n_layer=2", "model.d_model=32", "model.seq_len=16", "diagnostics.tensorboard=false",
+             "prores.schedule=linear", "prores.warmup=4"]
 
 
 @pytest.fixture(autouse=True)
@@ -98,17 +106,89 @@ def test_only_settings_that_change_the_run_are_refused(tmp_path, settings, capsy
     assert cli(tmp_path, settings, "model.n_layer=3", "train.seed=1") == 1
     err = capsys.readouterr().err
     assert "model.n_layer (saved 2, now 3)" in err and "train.seed (saved 0, now 1)" in err
+    # ProRes and the data's identity change what a step computes: confirming a schedule change
+    # does not let them through.
+    assert cli(tmp_path, settings, "prores.schedule=equal", "prores.warmup=5", "data.val_fraction=0.1",
+               flags=["--allow-schedule-change"]) == 1
+    err = capsys.readouterr().err
+    assert "prores.schedule (saved 'linear', now 'equal')" in err and "prores.warmup (saved 4, now 5)" in err
+    assert "data.val_fraction (saved 0.05, now 0.1)" in err and "other settings" in err
+    assert cli(tmp_path, settings, "prores.warmup=0") == 1  # ProRes switched off mid-ramp is a change too
+    assert "prores.warmup (saved 4, now 0)" in capsys.readouterr().err
     assert cli(tmp_path, settings, "train.steps=9") == 1  # re-stretches the LR schedule: confirm it
     err = capsys.readouterr().err
     assert "train.steps (saved 6, now 9)" in err and "--allow-schedule-change" in err
+    assert cli(tmp_path, settings, "optim.lr=0.002", "optim.schedule=wsd") == 1  # so does any optim.* setting
+    err = capsys.readouterr().err
+    assert "optim.lr (saved 0.003, now 0.002)" in err and "optim.schedule (saved 'cosine', now 'wsd')" in err
+    assert "--allow-schedule-change" in err
     assert (tmp_path / "metrics.jsonl").read_text() == before and not (tmp_path / "checkpoints" / "9").exists()
 
     # Where data is stored, remat and the logging cadence are free; the confirmed schedule is taken.
-    assert cli(tmp_path, settings, "train.steps=9", "model.remat=true", f"data.data_dir={tmp_path / 'tfds'}",
-               "train.log_every=3", flags=["--allow-schedule-change"]) == 0
+    assert cli(tmp_path, settings, "train.steps=9", "optim.lr=0.002", "model.remat=true",
+               f"data.data_dir={tmp_path / 'tfds'}", "train.log_every=3", flags=["--allow-schedule-change"]) == 0
     lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3, 4, 5, 6, 9]  # resumed at step 6
-    assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 9
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["train"]["steps"] == 9 and saved["optim"]["lr"] == 0.002
+
+
+def changed(value):
+    """Another value of the same type (not necessarily a valid one: the check compares, it does not validate)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value * 2 + 1
+    return value + "_changed"
+
+
+# What may change on resume, as README.md ("Safe resume") states it, by key.
+FREE = {"model.remat", "model.attention", "data.path", "data.data_dir", "data.tokenizer", "data.tfds_download",
+        "optim.skip_nonfinite", "optim.max_consecutive_skips"}
+
+
+def expected_kind(key: str) -> str:
+    section = key.split(".")[0]
+    if key in FREE:
+        return "free"
+    if section in ("model", "prores", "data") or key in ("train.seed", "train.batch_size"):
+        return "identity"   # refused, whatever is confirmed
+    if section == "optim" or key == "train.steps":
+        return "schedule"   # refused unless --allow-schedule-change
+    return "free"           # logging, evaluation, checkpointing, microbatches, kernels, diagnostics, mesh
+
+
+def test_each_setting_is_refused_confirmable_or_free_on_resume_as_documented(tmp_path):
+    saved = config_lib.load("tiny")
+    (tmp_path / "config.json").write_text(json.dumps(saved.to_dict()))
+    run_dir = Workdir(tmp_path)
+    run_dir.check_resume(saved, allow_schedule_change=False)  # the same settings resume
+    kinds, wrong = {}, []
+    for section in dataclasses.fields(saved):
+        for field in dataclasses.fields(getattr(saved, section.name)):
+            key, old = f"{section.name}.{field.name}", getattr(getattr(saved, section.name), field.name)
+            now = dataclasses.replace(saved, **{section.name: dataclasses.replace(
+                getattr(saved, section.name), **{field.name: changed(old)})})
+            outcome = []
+            for allow in (False, True):
+                try:
+                    run_dir.check_resume(now, allow_schedule_change=allow)
+                    outcome.append("ok")
+                except ResumeError as e:
+                    assert f"{key} (saved {old!r}, now {changed(old)!r})" in str(e), (key, str(e))
+                    outcome.append("confirm" if "--allow-schedule-change" in str(e) else "refused")
+            kind = {("refused", "refused"): "identity", ("confirm", "ok"): "schedule", ("ok", "ok"): "free"}.get(
+                tuple(outcome), str(outcome))
+            kinds[key] = kind
+            if kind != expected_kind(key):
+                wrong.append(f"{key}: {kind}, documented {expected_kind(key)}")
+    assert not wrong, wrong
+    # The keys the README names, so that none of them can silently leave the table above.
+    assert {k for k, v in kinds.items() if v == "identity"} >= {
+        "prores.schedule", "prores.warmup", "model.n_layer", "data.source", "data.val_fraction", "data.tfds_split",
+        "data.pretokenize", "train.seed", "train.batch_size"}
+    assert {k for k, v in kinds.items() if v == "schedule"} >= {"train.steps", "optim.lr", "optim.schedule",
+                                                                 "optim.warmup_steps", "optim.weight_decay"}
 
 
 @pytest.mark.parametrize("bad", ["train.checkpoint_every=-1", "train.keep_checkpoints=0",

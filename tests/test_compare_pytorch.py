@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import torch
 
-from andrea_jax import config as config_lib, model as model_lib, steps
+from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax.train import steps
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("compare_pytorch", ROOT / "benchmarks" / "compare_pytorch.py")

@@ -8,14 +8,14 @@ import tensorflow_datasets as tfds
 import train as train_cli
 from andrea_jax import config as config_lib
 from andrea_jax.data import pipeline, tokenizer as tok_lib
-from andrea_jax.data.errors import DataError, DataWarning
+from andrea_jax.errors import DataError, DataWarning
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 
 
 def prepare(tmp_path, tok_path, path, seq_len=8, **kw):
     cfg = config_lib.DataConfig(source="files", path=str(path), tokenizer=str(tok_path), **kw)
-    return pipeline.prepare(cfg, vocab_size=300, seq_len=seq_len, cache_dir=tmp_path / "cache")
+    return pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=seq_len, cache_dir=tmp_path / "cache")
 
 
 def fails(tmp_path, tok_path, path, message, **kw):
@@ -58,7 +58,7 @@ def test_too_small_for_the_tokenizer_names_the_corpus(tmp_path):
     (tmp_path / "small.txt").write_text("ab ab ab")
     cfg = config_lib.DataConfig(source="files", path=str(tmp_path / "small.txt"))
     with pytest.raises(DataError, match=rf"corpus {tmp_path}/small.txt: the corpus yields only \d+ BPE merges"):
-        pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+        pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
 
 
 def test_binary_file(tmp_path, tok_path):
@@ -103,7 +103,7 @@ def test_tfds_dataset_not_prepared_says_how_and_where(tmp_path, monkeypatch):
     cfg = config_lib.DataConfig(source="tfds", tfds_name="lm1b", data_dir=str(tmp_path / "tfds"),
                                 tfds_download=False)
     with pytest.raises(DataError) as info:
-        pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+        pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
     text = str(info.value)
     assert "\n" not in text
     assert f"TFDS dataset 'lm1b' is not prepared in data_dir {tmp_path}/tfds (looked in {tmp_path}/tfds/lm1b/" in text
@@ -117,12 +117,12 @@ def test_tfds_dataset_not_prepared_says_how_and_where(tmp_path, monkeypatch):
     monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_network)
     with pytest.raises(DataError, match=r"and downloading it failed \(ConnectionError: Failed to resolve "
                                         r"storage.googleapis.com\): prepare it where there is network"):
-        pipeline.prepare(config_lib.DataConfig(source="tfds", tfds_name="lm1b", data_dir=str(tmp_path / "tfds")),
+        pipeline.tokenized_corpus(config_lib.DataConfig(source="tfds", tfds_name="lm1b", data_dir=str(tmp_path / "tfds")),
                          vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
 
     with pytest.raises(DataError, match=rf"TFDS dataset 'no_such_dataset_xyz' has no builder here and no "
                                         rf"prepared copy in data_dir {tmp_path}/tfds: prepare it"):
-        pipeline.prepare(config_lib.DataConfig(source="tfds", tfds_name="no_such_dataset_xyz",
+        pipeline.tokenized_corpus(config_lib.DataConfig(source="tfds", tfds_name="no_such_dataset_xyz",
                                                data_dir=str(tmp_path / "tfds")),
                          vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
 

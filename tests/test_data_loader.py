@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from andrea_jax.data import loader
-from andrea_jax.data.errors import DataError
+from andrea_jax.errors import DataError
 
 T = 4
 N_TOKENS = 37 * T + 1            # 37 windows: not a multiple of the batch, so batches straddle epochs

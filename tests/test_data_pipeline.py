@@ -8,8 +8,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 import train as train_cli
-from andrea_jax import checkpoint, config as config_lib
-from andrea_jax.data import loader, pipeline, pretokenize, token_shards, tokenizer as tok_lib
+from andrea_jax.train import checkpoint
+from andrea_jax import config as config_lib
+from andrea_jax.data import loader, pipeline, tokenize, token_shards, tokenizer as tok_lib
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 
@@ -39,7 +40,7 @@ def files_cfg(path, **kw):
 
 def test_local_folder_every_document_in_order_separated_by_end_of_text(tmp_path, cache, tok_path):
     docs = write_corpus(tmp_path / "corpus")
-    corpus = pipeline.prepare(files_cfg(tmp_path / "corpus", tokenizer=str(tok_path)),
+    corpus = pipeline.tokenized_corpus(files_cfg(tmp_path / "corpus", tokenizer=str(tok_path)),
                               vocab_size=300, seq_len=16, cache_dir=cache)
     stream = np.concatenate([corpus.train_tokens, corpus.val_tokens])
     tok = tok_lib.load(tok_path)
@@ -66,10 +67,10 @@ def test_local_folder_every_document_in_order_separated_by_end_of_text(tmp_path,
 def test_validation_set_is_the_fixed_tail(tmp_path, cache, tok_path):
     write_corpus(tmp_path / "corpus")
     cfg = files_cfg(tmp_path / "corpus", tokenizer=str(tok_path), val_fraction=0.25)
-    first = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
+    first = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     n = len(first.train_tokens) + len(first.val_tokens)
     assert len(first.val_tokens) == int(n * 0.25)
-    again = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
+    again = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     np.testing.assert_array_equal(first.val_tokens, again.val_tokens)
     val = loader.val_batches(first.val_tokens, seq_len=8, global_batch=4, max_batches=3)
     np.testing.assert_array_equal(np.concatenate(val), loader.gather_windows(first.val_tokens, np.arange(12), 8))
@@ -90,12 +91,12 @@ def counting(monkeypatch, module, name):
 def test_second_build_reads_the_cache_and_tokenizes_nothing(tmp_path, cache, monkeypatch):
     write_corpus(tmp_path / "corpus")
     cfg = files_cfg(tmp_path / "corpus")
-    encodes = counting(monkeypatch, pretokenize, "encode_batch")
+    encodes = counting(monkeypatch, tokenize, "encode_batch")
     trains = counting(monkeypatch, tok_lib, "train")
-    first = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
+    first = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     assert len(encodes) > 0 and len(trains) == 1
     encodes.clear(), trains.clear()
-    second = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
+    second = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     assert encodes == [] and trains == []
     assert isinstance(second.train_tokens, token_shards.ShardedTokens)   # read from the cache
     np.testing.assert_array_equal(first.train_tokens, second.train_tokens)
@@ -105,7 +106,7 @@ def test_second_build_reads_the_cache_and_tokenizes_nothing(tmp_path, cache, mon
     (manifest,) = cache.glob("tfds/andrea_text_files/*/1.0.0/tokens-train-*/manifest.json")
     manifest.write_text(json.dumps({"format": "andrea-tokens/1"}))
     (manifest.parent / "tokens-old-00000-of-00001.bin").write_bytes(b"\0" * 10)
-    remade = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
+    remade = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     assert len(encodes) > 0 and not (manifest.parent / "tokens-old-00000-of-00001.bin").exists()
     np.testing.assert_array_equal(remade.train_tokens, first.train_tokens)
     encodes.clear()
@@ -113,7 +114,7 @@ def test_second_build_reads_the_cache_and_tokenizes_nothing(tmp_path, cache, mon
     # Keyed by the tokenizer: another tokenizer tokenizes again, into a second cache file.
     other = tmp_path / "other.json"
     tok_lib.train([SHAKESPEARE[200_000:300_000]], 300).save(str(other))
-    third = pipeline.prepare(files_cfg(tmp_path / "corpus", tokenizer=str(other)), vocab_size=300,
+    third = pipeline.tokenized_corpus(files_cfg(tmp_path / "corpus", tokenizer=str(other)), vocab_size=300,
                              seq_len=8, cache_dir=cache)
     assert len(encodes) > 0 and third.key != first.key
     assert len(list(cache.glob("tfds/andrea_text_files/*/1.0.0/tokens-train-*/manifest.json"))) == 2
@@ -122,7 +123,7 @@ def test_second_build_reads_the_cache_and_tokenizes_nothing(tmp_path, cache, mon
     encodes.clear()
     with (tmp_path / "corpus" / "a.txt").open("a") as f:
         f.write("\nA NEW LINE AT THE END.")
-    fourth = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
+    fourth = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     assert len(encodes) > 0
     assert len(list(cache.glob("tfds/andrea_text_files/*/1.0.0"))) == 2
     assert len(fourth.train_tokens) + len(fourth.val_tokens) > len(first.train_tokens) + len(first.val_tokens)
@@ -155,7 +156,7 @@ def test_tfds_source_reads_the_train_and_validation_splits(tmp_path, cache, tok_
     cfg = config_lib.DataConfig(source="tfds", tfds_name="andrea_test_docs", tfds_split="train",
                                 tfds_val_split="test", data_dir=str(tmp_path / "tfds"),
                                 tokenizer=str(tok_path))
-    corpus = pipeline.prepare(cfg, vocab_size=300, seq_len=16, cache_dir=cache)
+    corpus = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=16, cache_dir=cache)
     tok = tok_lib.load(tok_path)
 
     def reference(lo, hi):

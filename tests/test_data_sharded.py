@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from andrea_jax.data import loader, token_shards
-from andrea_jax.data.errors import DataError
+from andrea_jax.data import loader, shard_writer, token_shards
+from andrea_jax.errors import DataError
 
 T = 4
 N_TOKENS = 37 * T + 1
@@ -27,9 +27,9 @@ def sharded(tmp_path):
         start += size
         cuts = [c for c in (1, 2, 7, 20, 33, 45) if c < size]   # documents of 1, 1, 5, 13, ... tokens
         lengths = np.diff([0, *cuts, size]) if size else np.zeros(0, np.int64)
-        markers.append(token_shards.write_shard(tmp_path, token_shards.shard_file(s, len(SIZES)),
+        markers.append(shard_writer.write_shard(tmp_path, token_shards.shard_file(s, len(SIZES)),
                                                 [(ids, lengths)], np.uint16, {"tokenizer": "abc"}))
-    token_shards.write_manifest(tmp_path, markers, tokenizer="abc")
+    shard_writer.write_manifest(tmp_path, markers, tokenizer="abc")
     return token_shards.ShardedTokens.open(tmp_path, expect_tokenizer="abc")
 
 

@@ -3,6 +3,7 @@ autodiff of that loop, the spike score against a brute-force count, and the trai
 import dataclasses
 import json
 import struct
+import types
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,8 @@ import pytest
 
 import _ref_blocks as ref
 from andrea_jax import config as config_lib
-from andrea_jax import diagnostics, model as model_lib, steps, trainer
+from andrea_jax.train import diagnostics, hooks, steps, loop as trainer
+from andrea_jax import model as model_lib
 from andrea_jax.config import ModelConfig
 
 SMALL = ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=4, n_head=4)
@@ -127,9 +129,11 @@ def test_trainer_logs_diagnostics_to_jsonl_and_tensorboard(tmp_path):
     cfg = config_lib.load("tiny")
     cfg = config_lib.override(cfg, [
         "model.d_model=32", "model.n_layer=3", "model.n_head=2", "model.seq_len=32",
-        "train.steps=6", "train.batch_size=4", "train.log_every=3", "train.eval_every=0",
+        "train.steps=6", "train.batch_size=4", "train.log_every=3", "train.eval_every=3",
         "train.eval_batches=1", "train.sample_tokens=0", "prores.schedule=linear", "prores.warmup=2",
-        "diagnostics.every=2", "diagnostics.spike_window=2"])
+        # An LR so small that the loss only moves with the batch, up as often as down, and a
+        # threshold of 0.01 sigmas: some of these steps spike (steps 3 and 4, measured).
+        "optim.lr=1e-6", "diagnostics.every=2", "diagnostics.spike_window=2", "diagnostics.spike_sigmas=0.01"])
     log = trainer.train(config_lib.validate(cfg), tmp_path, show_progress=False)
     lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines == log
@@ -143,8 +147,15 @@ def test_trainer_logs_diagnostics_to_jsonl_and_tensorboard(tmp_path):
     assert diag[0]["alpha"] == [0.0, 0.0, 0.0]
     np.testing.assert_allclose(diag[1]["alpha"], [0.5, 0.25, 1 / 6], rtol=1e-6)
     assert diag[0]["layer_grad_norm"] == [0.0, 0.0, 0.0]  # alpha = 0: zero block gradients
-    assert "spike_score" in lines[-1] and 0.0 <= lines[-1]["spike_score"] <= 1.0
-    assert np.load(tmp_path / "step_losses.npy").shape == (6,)
+    step_losses = np.load(tmp_path / "step_losses.npy")
+    assert step_losses.shape == (6,)
+    # Each evaluation logs the spike score of every loss so far, as a brute-force count finds it.
+    scores = {l["step"]: l["spike_score"] for l in lines if "spike_score" in l}
+    assert sorted(scores) == [3, 6]
+    for step, score in scores.items():
+        want = brute_force_spikes(step_losses[:step], 2, 0.01).sum() / (step - 2)
+        assert score == pytest.approx(want, abs=1e-12), (step, step_losses.tolist())
+    assert scores[6] > 0, step_losses.tolist()
 
     scalars = read_tensorboard_scalars(tmp_path / "tb")
     want_tags = {"loss", "resid_rms/layer_001", "resid_rms/layer_003", "layer_grad_norm/max", "alpha/layer_002"}
@@ -171,6 +182,25 @@ def read_tensorboard_scalars(folder):
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars
+
+
+def test_the_evaluation_hook_logs_the_spike_score_of_the_run_s_losses():
+    # 20 losses, window 4, 2 sigmas: jumps at 6 and 13 (each judged on a calm window), a drop at 10
+    # (not a spike) and a bump at 19 of 4 standard deviations (a spike at 2 sigmas, not at 6).
+    losses = [2.0, 2.01] * 10
+    losses[6] = losses[13] = 5.0
+    losses[10], losses[19] = 0.5, 2.025
+    flags = brute_force_spikes(losses, 4, 2.0)
+    assert list(np.flatnonzero(flags)) == [6, 13, 19]
+    defaults = config_lib.Config()
+    cfg = dataclasses.replace(defaults, diagnostics=dataclasses.replace(
+        defaults.diagnostics, spike_window=4, spike_sigmas=2.0))
+    run = hooks.Run(cfg=cfg, run_dir=None, ckpt=None, batches=None, corpus=None, val=[], eval_step=None,
+                    bytes_per_token_V=None, metrics=types.SimpleNamespace(step_losses=list(losses)), bar=None,
+                    state=None, start_step=0, line={"step": 20, "loss": losses[-1]})
+    hooks.validate(run, 20)  # no validation batches: only the score
+    assert run.line["spike_score"] == 3 / 16 == flags.sum() / (20 - 4)  # 3 of the 16 scored steps
+    assert run.line["loss"] == 2.025  # the line being built is added to, not replaced
 
 
 def test_a_skipped_nonfinite_loss_is_a_spike_and_leaves_later_windows_alone():

@@ -34,7 +34,8 @@ def test_each_bad_input_is_one_line_and_its_exit_code(tmp_path, tok_path, not_py
     cases = {  # name: (process, exit code, words of the one line)
         "config not python": (start(tmp_path, not_python, tmp_path / "w1"), 2,
                               ["config error:", "broken.py", "line 1", "SyntaxError"]),
-        "workdir is a file": (start(tmp_path, "tiny", a_file, *toy), 2, ["config error:", str(a_file), "file"]),
+        # A filesystem problem is not a config error: exit 1, as a busy workdir.
+        "workdir is a file": (start(tmp_path, "tiny", a_file, *toy), 1, ["error:", str(a_file), "file"]),
         "triton missing": (start(tmp_path, "tiny", tmp_path / "w3", *toy, "kernels.impl=triton"), 2,
                            ["config error:", "triton", "jax-triton"]),
         "indivisible batch": (start(tmp_path, "tiny", tmp_path / "w4", *toy, "train.batch_size=3",

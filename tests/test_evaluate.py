@@ -10,7 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from andrea_jax import evaluate, inference
+from andrea_jax.serve import evaluate, load, scoring, tasks
+from andrea_jax.errors import TaskError
 from andrea_jax.data import tokenizer as tok_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -19,7 +20,7 @@ SEQ_LEN = 32  # the trained_run toy's context
 
 @pytest.fixture(scope="module")
 def loaded(trained_run):
-    return inference.load(workdir=trained_run())
+    return load.load(workdir=trained_run())
 
 
 def logprobs_of(loaded, ids):
@@ -74,7 +75,7 @@ def test_perplexity_and_bits_per_byte_match_a_direct_computation(loaded, tmp_pat
                                            f"data.val_fraction={(n_val + 0.5) / n_total}"], "val")
     assert tokens.tolist() == ids["b.txt"] + [0] + ids["c.txt"] + [0]
 
-    result = evaluate.score_stream(loaded, tokens)
+    result = scoring.score_stream(loaded, tokens)
 
     nll = -sum(logprobs_of(loaded, [0] + ids[n])[0].sum(dtype=np.float64) for n in val_docs)
     n_tokens = sum(len(ids[n]) for n in val_docs)
@@ -95,7 +96,7 @@ def test_bytes_per_token_counts_utf8_bytes(loaded):
 
 
 def test_split_documents_cuts_at_end_of_text():
-    docs = evaluate.split_documents(np.array([5, 6, 0, 7, 0, 0, 8, 9]), 0)
+    docs = scoring.split_documents(np.array([5, 6, 0, 7, 0, 0, 8, 9]), 0)
     assert [d.tolist() for d in docs] == [[5, 6], [7], [8, 9]]
 
 
@@ -103,8 +104,8 @@ def test_a_smaller_stride_gives_each_window_more_context(loaded):
     text = DOCS["a.txt"] * 2
     ids = tok_lib.encode(loaded.tokenizer, text)[:80]
     assert len(ids) == 80 > 2 * SEQ_LEN
-    disjoint = evaluate.rolling_logprobs(loaded, ids)
-    strided = evaluate.rolling_logprobs(loaded, ids, stride=8)
+    disjoint = scoring.rolling_logprobs(loaded, ids)
+    strided = scoring.rolling_logprobs(loaded, ids, stride=8)
     assert disjoint.shape == strided.shape == (80,)
     # The first window (an end-of-text context) is the same; later tokens see different contexts.
     # measured bit-identical here; the two come from differently shaped batches, which XLA may tile
@@ -112,7 +113,7 @@ def test_a_smaller_stride_gives_each_window_more_context(loaded):
     np.testing.assert_allclose(strided[:SEQ_LEN], disjoint[:SEQ_LEN], rtol=1e-6)
     assert abs(strided.sum() - disjoint.sum()) > 1e-3
     # measured equal; rolling_nll sums 80 float32 values, the test in float64
-    np.testing.assert_allclose(evaluate.rolling_nll(loaded, ids, 8), -strided.sum(dtype=np.float64), rtol=1e-6)
+    np.testing.assert_allclose(scoring.rolling_nll(loaded, ids, 8), -strided.sum(dtype=np.float64), rtol=1e-6)
     # Token 32 opens the second window: with disjoint windows it sees 1 token of context (lm-eval's
     # context_len=1), with stride 8 it sees seq_len - stride + 1 = 25 tokens.
     # measured bit-identical; another batch shape than the scorer's, so float32 rounding is allowed
@@ -122,61 +123,61 @@ def test_a_smaller_stride_gives_each_window_more_context(loaded):
 
 def test_encode_pair_moves_trailing_spaces_into_the_continuation(loaded):
     tok = loaded.tokenizer
-    assert evaluate.encode_pair(tok, "To be or ", "not") == evaluate.encode_pair(tok, "To be or", " not")
-    ctx, cont = evaluate.encode_pair(tok, "To be or", " not")
+    assert scoring.encode_pair(tok, "To be or ", "not") == scoring.encode_pair(tok, "To be or", " not")
+    ctx, cont = scoring.encode_pair(tok, "To be or", " not")
     assert ctx + cont == tok_lib.encode(tok, "To be or not")
-    assert evaluate.encode_pair(tok, "", "Hello")[0] == [0]  # empty context: end-of-text
+    assert scoring.encode_pair(tok, "", "Hello")[0] == [0]  # empty context: end-of-text
 
 
 def test_loglikelihood_matches_a_direct_computation(loaded):
     requests = [("ROMEO:\nBut soft", ", what light"), ("KING", " RICHARD"),
                 ("To be", ","), ("x" * 200, " long context is cut from the left")]
-    got = evaluate.loglikelihood(loaded, requests)
+    got = scoring.loglikelihood(loaded, requests)
     for (context, continuation), (ll, greedy) in zip(requests[:3], got[:3]):
         want_ll, want_greedy = continuation_ll(loaded, context, continuation)
         np.testing.assert_allclose(ll, want_ll, rtol=1e-6)  # measured 2.0e-8 relative (float32 sums)
         assert greedy == want_greedy
-    ctx, cont = evaluate.encode_pair(loaded.tokenizer, *requests[3])
+    ctx, cont = scoring.encode_pair(loaded.tokenizer, *requests[3])
     logprob, _ = logprobs_of(loaded, (ctx + cont)[-(SEQ_LEN + 1):])
     np.testing.assert_allclose(got[3][0], logprob[-len(cont):].sum(), rtol=1e-6)  # measured 1.1e-7 relative
 
 
 def test_multiple_choice_acc_and_acc_norm(loaded):
-    examples = [evaluate.ChoiceExample("ROMEO:\nJuliet is the", ("sun.", "moon.", "a rose."), 0),
-                evaluate.ChoiceExample("LEAR:\nBlow, winds", ("and crack!", "rage!"), 1),
-                evaluate.ChoiceExample("HAMLET:\nTo be", ("or not", "and sleep"), 0)]
+    examples = [tasks.ChoiceExample("ROMEO:\nJuliet is the", ("sun.", "moon.", "a rose."), 0),
+                tasks.ChoiceExample("LEAR:\nBlow, winds", ("and crack!", "rage!"), 1),
+                tasks.ChoiceExample("HAMLET:\nTo be", ("or not", "and sleep"), 0)]
     lls = [[continuation_ll(loaded, ex.context, " " + c)[0] for c in ex.choices] for ex in examples]
     acc = np.mean([np.argmax(ll) == ex.label for ex, ll in zip(examples, lls)])
     acc_norm = np.mean([np.argmax(np.array(ll) / [len(c) for c in ex.choices]) == ex.label
                         for ex, ll in zip(examples, lls)])
-    got = evaluate.score_task(loaded, examples)
+    got = tasks.score_task(loaded, examples)
     assert got["kind"] == "multiple choice" and got["n"] == 3
     assert (got["acc"], got["acc_norm"]) == pytest.approx((acc, acc_norm))
 
     # Length normalisation can change the answer: the long choice loses on its sum, wins per character.
-    ex = evaluate.ChoiceExample("c", ("ab", "a much longer choice"), 1)
-    metrics = evaluate.multiple_choice_metrics([ex], [[-4.0, -10.0]])
+    ex = tasks.ChoiceExample("c", ("ab", "a much longer choice"), 1)
+    metrics = tasks.multiple_choice_metrics([ex], [[-4.0, -10.0]])
     assert (metrics["acc"], metrics["acc_norm"]) == (0.0, 1.0)
 
 
 def test_last_word_accuracy_and_perplexity(loaded):
     texts = ["ROMEO:\nWhat light breaks", "ALL:\nSpeak, speak", "CITIZEN:\nTo die than to famish"]
-    examples = [evaluate.LastWordExample.from_text(t) for t in texts]
-    assert examples[1] == evaluate.LastWordExample("ALL:\nSpeak,", " speak")
+    examples = [tasks.LastWordExample.from_text(t) for t in texts]
+    assert examples[1] == tasks.LastWordExample("ALL:\nSpeak,", " speak")
     results = [continuation_ll(loaded, t.rpartition(" ")[0], " " + t.rpartition(" ")[2]) for t in texts]
-    got = evaluate.score_task(loaded, examples)
+    got = tasks.score_task(loaded, examples)
     assert got["kind"] == "last word" and got["n"] == 3
     assert got["acc"] == pytest.approx(np.mean([g for _, g in results]))
     # exp of a mean of float32 log-likelihoods near -27: measured 4.8e-7 relative
     assert got["ppl"] == pytest.approx(math.exp(-np.mean([ll for ll, _ in results])), rel=5e-6)
-    assert evaluate.last_word_metrics([(-1.0, True), (-3.0, False)]) == {"acc": 0.5, "ppl": math.exp(2.0), "n": 2}
+    assert tasks.last_word_metrics([(-1.0, True), (-3.0, False)]) == {"acc": 0.5, "ppl": math.exp(2.0), "n": 2}
 
 
 def test_shipped_task_files_parse():
-    mc = evaluate.read_task(REPO / "tasks" / "shakespeare_mc.jsonl")
-    lambada = evaluate.read_task(REPO / "tasks" / "shakespeare_lambada.jsonl")
-    assert 20 <= len(mc) <= 40 and all(isinstance(e, evaluate.ChoiceExample) and len(e.choices) == 4 for e in mc)
-    assert 20 <= len(lambada) <= 40 and all(isinstance(e, evaluate.LastWordExample) for e in lambada)
+    mc = tasks.read_task(REPO / "tasks" / "shakespeare_mc.jsonl")
+    lambada = tasks.read_task(REPO / "tasks" / "shakespeare_lambada.jsonl")
+    assert 20 <= len(mc) <= 40 and all(isinstance(e, tasks.ChoiceExample) and len(e.choices) == 4 for e in mc)
+    assert 20 <= len(lambada) <= 40 and all(isinstance(e, tasks.LastWordExample) for e in lambada)
 
 
 @pytest.mark.parametrize("line, message", [
@@ -188,8 +189,8 @@ def test_shipped_task_files_parse():
 def test_a_bad_task_line_names_file_and_line(tmp_path, line, message):
     path = tmp_path / "task.jsonl"
     path.write_text('{"text": "a b"}\n' + line + "\n")
-    with pytest.raises(evaluate.TaskError, match=rf"task.jsonl line 2: .*{message}"):
-        evaluate.read_task(path)
+    with pytest.raises(TaskError, match=rf"task.jsonl line 2: .*{message}"):
+        tasks.read_task(path)
 
 
 def run_cli(*args):
@@ -202,7 +203,7 @@ def test_cli_prints_perplexity_and_bits_per_byte(trained_run, loaded):
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = proc.stdout.strip().splitlines()[-1]
     assert line.startswith("val split of embedded tinyshakespeare (stride 32): 1 document(s)")
-    want = evaluate.score_stream(loaded, evaluate.data_tokens(loaded), batch_size=64)
+    want = scoring.score_stream(loaded, evaluate.data_tokens(loaded), batch_size=64)
     assert f"perplexity {want.perplexity:.4f}" in line and f"bits per byte {want.bits_per_byte:.4f}" in line
 
 
@@ -214,9 +215,9 @@ def test_cli_scores_a_task_file(trained_run):
 
 
 def test_an_export_scores_as_its_workdir(loaded, tmp_path, capsys):
-    export = inference.save_native(loaded, tmp_path / "export")
+    export = load.save_native(loaded, tmp_path / "export")
     assert evaluate.main(["--export", str(export), "--task", str(REPO / "tasks" / "shakespeare_lambada.jsonl")]) == 0
-    want = evaluate.score_task(loaded, evaluate.read_task(REPO / "tasks" / "shakespeare_lambada.jsonl"))
+    want = tasks.score_task(loaded, tasks.read_task(REPO / "tasks" / "shakespeare_lambada.jsonl"))
     assert evaluate.format_task(REPO / "tasks" / "shakespeare_lambada.jsonl", want) in capsys.readouterr().out
 
 

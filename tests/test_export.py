@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from andrea_jax import config as config_lib, export, inference, model as model_lib
+from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax.serve import export, load
 from andrea_jax.data import tokenizer as tokenizer_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -26,7 +27,7 @@ def hf_export(trained_run, tmp_path_factory):
 
     def make(name):
         if name not in made:
-            loaded = inference.load(workdir=trained_run(*HF_RUNS[name]))
+            loaded = load.load(workdir=trained_run(*HF_RUNS[name]))
             made[name] = loaded, export.save_hf(loaded, tmp_path_factory.mktemp(f"hf-{name}"))
         return made[name]
 
@@ -51,7 +52,7 @@ def test_hf_logits_match_the_jax_model(hf_export, name):
     import torch
 
     loaded, folder = hf_export(name)
-    alphas = np.asarray(export.effective_alphas(loaded, inference.flatten_params(loaded.params)))
+    alphas = np.asarray(export.effective_alphas(loaded, load.flatten_params(loaded.params)))
     # The fold must matter: mid-warmup alphas (and trained gates, which start at 0) are not all 1.
     np.testing.assert_allclose(np.asarray(loaded.alphas()), [1.0, 0.75, 0.5])
     if name == "gates":
@@ -115,7 +116,7 @@ def test_hf_greedy_generate_matches_a_forward_loop(hf_export):
 
 
 def test_hf_greedy_generate_matches_andrea_generate(hf_export):
-    from andrea_jax import generate
+    from andrea_jax.serve import generate
 
     loaded, folder = hf_export("pre")
     prompt = loaded.tokenizer.encode("ROMEO: What").ids
@@ -133,7 +134,7 @@ def init_loaded(tok_path, *overrides, step=7):
         "model.vocab_size=300", "prores.schedule=linear", "prores.warmup=4", *overrides]))
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda s: rng.standard_normal(s.shape, np.float32), model_lib.param_shapes(cfg.model))
-    return inference.LoadedModel(cfg, params, tokenizer_lib.load(tok_path), step, "random")
+    return load.LoadedModel(cfg, params, tokenizer_lib.load(tok_path), step, "random")
 
 
 @pytest.mark.parametrize("norm", ["post", "sandwich", "deepnorm"])
@@ -152,9 +153,9 @@ NATIVE_CASES = [(f"model.norm={n}",) for n in config_lib.NORMS] + [("model.gates
 def test_native_round_trips_bit_exactly(tok_path, tmp_path, overrides):
     loaded = init_loaded(tok_path, *overrides)
     export.export(loaded, tmp_path, "native")
-    back = inference.load(export=tmp_path)
+    back = load.load(export=tmp_path)
     assert back.cfg == loaded.cfg and back.step == loaded.step
-    flat, flat_back = inference.flatten_params(loaded.params), inference.flatten_params(back.params)
+    flat, flat_back = load.flatten_params(loaded.params), load.flatten_params(back.params)
     assert set(flat) == set(flat_back)
     for name in flat:
         assert flat_back[name].dtype == np.float32 and np.array_equal(flat_back[name], flat[name]), name

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from andrea_jax import generate as gen, inference, model as model_lib
+from andrea_jax.serve import generate as gen, load
+from andrea_jax import model as model_lib
 from andrea_jax.config import NORMS, Config, ModelConfig, ProResConfig
 from andrea_jax.data import tokenizer as tok_lib
 
@@ -60,7 +61,7 @@ def test_cached_decoding_equals_full_forward_at_every_position(norm, gates):
 
 def loaded_model(cfg=SMALL, tok=None, params=None, step=0, schedule="none"):
     full = Config(model=cfg, prores=ProResConfig(schedule=schedule, warmup=4))
-    return inference.LoadedModel(full, params if params is not None else perturbed_params(cfg),
+    return load.LoadedModel(full, params if params is not None else perturbed_params(cfg),
                                  tok, step, "test")
 
 
@@ -102,6 +103,56 @@ def test_left_padded_batch_equals_each_prompt_alone(tok):
     for r, p in enumerate(prompts):
         alone_logits = loaded.model().apply({"params": loaded.params}, jnp.asarray([p]), loaded.alphas())[0, -1]
         np.testing.assert_allclose(last[r], alone_logits, rtol=0, atol=2e-5)
+
+
+def test_left_padded_rows_with_garbage_padding_equal_their_unpadded_prompts_at_every_step():
+    """A prefill of left-padded rows whose pad slots hold random tokens, then one token at a time
+    through the cache: every real position's logits, prefill and each decoded step, equal the
+    same tokens run alone and unpadded, with no cache."""
+    model, params = model_lib.Andrea(SMALL), perturbed_params(SMALL)
+    rng = np.random.default_rng(0)
+    lengths, P, steps = [9, 5, 1], 9, 6           # prompt lengths; the prefill is P slots wide
+    seqs = [rng.integers(1, SMALL.vocab_size, n + steps) for n in lengths]  # each prompt + fed tokens
+    B = len(lengths)
+    tokens_BP = rng.integers(1, SMALL.vocab_size, (B, P)).astype(np.int32)  # garbage in the pad slots
+    valid_BP = np.zeros((B, P), bool)
+    for r, n in enumerate(lengths):
+        tokens_BP[r, P - n:], valid_BP[r, P - n:] = seqs[r][:n], True
+    positions_BP = np.maximum(np.cumsum(valid_BP, axis=1) - 1, 0).astype(np.int32)
+
+    apply = jax.jit(lambda tokens, cache: model.apply({"params": params}, tokens, ALPHAS, cache=cache))
+
+    def run(valid_BP):
+        valid_BS = np.zeros((B, SMALL.seq_len), bool)
+        valid_BS[:, :P] = valid_BP
+        k, v = model_lib.empty_cache(SMALL, B)
+        logits, (k, v) = apply(tokens_BP, model_lib.KVCache(k, v, 0, positions_BP, valid_BS.copy()))
+        out = [np.asarray(logits)]
+        for i in range(steps):
+            valid_BS[:, P + i] = True
+            fed_B1 = np.array([[seq[n + i]] for seq, n in zip(seqs, lengths)], np.int32)
+            pos_B1 = np.array([[n + i] for n in lengths], np.int32)
+            logits, (k, v) = apply(fed_B1, model_lib.KVCache(k, v, np.int32(P + i), pos_B1, valid_BS.copy()))
+            out.append(np.asarray(logits))
+        return np.concatenate(out, axis=1)  # [B, P + steps, V]: slot s's logits
+
+    cached = run(valid_BP)
+    # Each row alone, from position 0, no cache, in one batch: right-padded, which a causal model
+    # never sees (tests/test_model.py test_causality).
+    alone_BT = rng.integers(1, SMALL.vocab_size, (B, P + steps)).astype(np.int32)
+    for r, seq in enumerate(seqs):
+        alone_BT[r, :len(seq)] = seq
+    alone = np.asarray(jax.jit(lambda t: model.apply({"params": params}, t, ALPHAS))(alone_BT))
+    for r, n in enumerate(lengths):
+        # slots P - n .. P + steps - 1 hold the row's tokens 0 .. n + steps - 1; measured max
+        # |difference| 3.3e-6, 2.5e-6, 4.3e-6 (rows 0, 1, 2) on logits up to 8.2 (float32 rounding)
+        np.testing.assert_allclose(cached[r, P - n:], alone[r, :n + steps], rtol=0, atol=2e-5, err_msg=f"row {r}")
+    # The garbage matters: with its slots marked valid, the padded rows' logits move by 4.5 and 5.3
+    # (measured; the unpadded row 0 does not change).
+    unmasked = run(np.ones((B, P), bool))
+    np.testing.assert_array_equal(unmasked[0], cached[0])
+    for r in (1, 2):
+        assert np.abs(unmasked[r, P:] - cached[r, P:]).max() > 0.1, r
 
 
 def test_sampling_filters_and_seeds():
@@ -157,7 +208,7 @@ def test_generate_cli_streams_from_a_workdir_and_refuses_a_missing_one(trained_r
                            "ROMEO:", "--max-new-tokens", "8", "--temperature", "0"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    loaded = inference.load(workdir=run)
+    loaded = load.load(workdir=run)
     want = gen.generate(loaded, [tok_lib.encode(loaded.tokenizer, "ROMEO:")], max_new_tokens=8)[0]
     assert proc.stdout.startswith("ROMEO:" + tok_lib.decode(loaded.tokenizer, want))
     proc = subprocess.run([sys.executable, "-m", "andrea_jax.generate", "--workdir", str(tmp_path / "nope"),

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-import kernels
-from kernels import reference
+from andrea_jax import kernels
+from andrea_jax.kernels import reference
 
 DS = (64, 768, 1000, 3072)
 ROWS = (1, 7, 1030)
@@ -315,7 +315,7 @@ def _triton_ready() -> str | None:
     if jax.default_backend() != "gpu":
         return f"jax-triton kernels need a CUDA GPU; this JAX backend is {jax.default_backend()!r}"
     try:
-        import kernels.triton_ops  # noqa: F401
+        import andrea_jax.kernels.triton_ops  # noqa: F401
     except kernels.KernelUnavailableError as err:
         return str(err)
     return None
@@ -341,8 +341,9 @@ def test_triton_matches_reference(D, rows, dtype):
 
 def test_pallas_model_equals_xla_model_on_tiny_config():
     """The tiny config's widths (D=128, 4 blocks, vocab 8449) on a short batch, both backends."""
-    from andrea_jax import model as model_lib, steps
-    from configs import tiny
+    from andrea_jax import model as model_lib
+    from andrea_jax.train import steps
+    from andrea_jax.configs import tiny
 
     cfg = tiny.get_config().model
     params = model_lib.init(cfg, jax.random.key(0), "xla")["params"]
@@ -378,7 +379,7 @@ def test_pallas_kernels_lower_to_triton_for_cuda(dtype, monkeypatch):
     """Without a GPU, the Pallas kernels still go through the real Pallas->Triton lowering when
     exported for CUDA: Triton's constraints (power-of-two tensor shapes, supported primitives,
     pointer arithmetic of the masked loads and stores) are checked here, not only on the H200."""
-    from kernels import pallas_ops
+    from andrea_jax.kernels import pallas_ops
     monkeypatch.setattr(pallas_ops, "INTERPRET", False)
     triton_call = "__gpu$xla.gpu.triton"
     S = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)

@@ -17,9 +17,9 @@ from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from andrea_jax import evaluate
+from andrea_jax.serve import scoring, tasks
 from andrea_jax.data import tokenizer as tok_lib
-from andrea_jax.lm_eval_adapter import AndreaLM, cut_at_stop
+from andrea_jax.serve.lm_eval_adapter import AndreaLM, cut_at_stop
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TASKS = REPO / "tasks"
@@ -47,22 +47,50 @@ def _forward(model, params, tokens_BT, alphas_L):
     return model.apply({"params": params}, tokens_BT, alphas_L)
 
 
-def test_local_tasks_give_the_project_scores(lm):
-    results = simple_evaluate(model=lm, tasks=["andrea_shakespeare_mc", "andrea_shakespeare_lambada"],
-                              task_manager=TaskManager(include_path=str(TASKS / "lm_eval")),
-                              bootstrap_iters=0)["results"]
-    mc = evaluate.score_task(lm.loaded, evaluate.read_task(TASKS / "shakespeare_mc.jsonl"))
-    lambada = evaluate.score_task(lm.loaded, evaluate.read_task(TASKS / "shakespeare_lambada.jsonl"))
-    assert results["andrea_shakespeare_mc"]["acc,none"] == pytest.approx(mc["acc"])
-    assert results["andrea_shakespeare_mc"]["acc_norm,none"] == pytest.approx(mc["acc_norm"])
-    assert results["andrea_shakespeare_lambada"]["acc,none"] == pytest.approx(lambada["acc"])
-    assert results["andrea_shakespeare_lambada"]["perplexity,none"] == pytest.approx(lambada["ppl"])  # measured equal
+def test_local_tasks_score_every_request_as_the_project_and_a_plain_forward_pass(lm):
+    """lm-eval's own requests and per-request log-likelihoods (log_samples), request by request:
+    the requests are those of our task files, and each score is the project's scorer's and the
+    sum of a plain forward pass's log-probabilities of the continuation."""
+    out = simple_evaluate(model=lm, tasks=["andrea_shakespeare_mc", "andrea_shakespeare_lambada"],
+                          task_manager=TaskManager(include_path=str(TASKS / "lm_eval")),
+                          bootstrap_iters=0, log_samples=True)
+    for task, path in (("andrea_shakespeare_mc", "shakespeare_mc.jsonl"),
+                       ("andrea_shakespeare_lambada", "shakespeare_lambada.jsonl")):
+        examples = tasks.read_task(TASKS / path)
+        samples = sorted(out["samples"][task], key=lambda sample: sample["doc_id"])
+        assert [s["doc_id"] for s in samples] == list(range(len(examples)))
+        requests = [ex.requests() if isinstance(ex, tasks.ChoiceExample) else [(ex.context, ex.target)]
+                    for ex in examples]
+        assert [[tuple(a) for a in s["arguments"]] for s in samples] == requests, task
+        flat = [r for rs in requests for r in rs]
+        got = [tuple(resp[0]) for s in samples for resp in s["resps"]]  # (log-likelihood, is greedy)
+        ours = scoring.loglikelihood(lm.loaded, flat)
+        assert [greedy for _, greedy in got] == [greedy for _, greedy in ours]
+        # measured bit-equal: the adapter returns scoring.loglikelihood's floats
+        assert [ll for ll, _ in got] == [ll for ll, _ in ours]
+        plain = []
+        for context, continuation in flat:
+            ctx, cont = scoring.encode_pair(lm.loaded.tokenizer, context, continuation)
+            window = (ctx + cont)[-(SEQ_LEN + 1):]  # a long context keeps its last tokens (lm-eval's HFLM too)
+            plain.append(forward_logprobs(lm.loaded, window)[-len(cont):].sum(dtype=np.float64))
+        # measured max |difference| 1.9e-6 (128 choices, log-likelihoods down to -158.5 nats) and
+        # 9.5e-7 (34 last words, down to -38.4): one right-padded forward of 32 tokens against the
+        # scorer's bucketed batches, float32 rounding
+        np.testing.assert_allclose([ll for ll, _ in got], plain, rtol=0, atol=2e-5)
+        assert len(set(np.round(plain, 3))) > len(plain) // 2  # distinct scores: a mix-up would show
+    # The per-document metrics lm-eval derives from those scores are the project's definitions.
+    mc = sorted(out["samples"]["andrea_shakespeare_mc"], key=lambda sample: sample["doc_id"])
+    examples = tasks.read_task(TASKS / "shakespeare_mc.jsonl")
+    for sample, example in zip(mc, examples):
+        lls = [[ll for ll, _ in resp][0] for resp in sample["resps"]]
+        metrics = tasks.multiple_choice_metrics([example], [lls])
+        assert (sample["acc"], sample["acc_norm"]) == (metrics["acc"], metrics["acc_norm"])
 
 
 @pytest.mark.parametrize("n_tokens, stride", [(1, 32), (32, 32), (33, 32), (100, 32), (100, 8), (70, 1), (40, 31)])
 def test_rolling_windows_are_lm_evals(n_tokens, stride):
     ids = list(range(1, n_tokens + 1))
-    ours = evaluate.rolling_windows(ids, prefix=0, seq_len=SEQ_LEN, stride=stride)
+    ours = scoring.rolling_windows(ids, prefix=0, seq_len=SEQ_LEN, stride=stride)
     theirs = get_rolling_token_windows(ids, prefix_token=0, max_seq_len=SEQ_LEN, context_len=SEQ_LEN - stride + 1)
     assert [(seq.tolist(), n) for seq, n in ours] == [(inp + pred[-1:], len(pred)) for inp, pred in theirs]
 
@@ -74,7 +102,7 @@ def test_loglikelihood_rolling_is_the_project_scorer_and_lm_evals_definition(lm)
     tok = lm.loaded.tokenizer
     for text, ll in zip(texts, got):
         ids = tok_lib.encode(tok, text)
-        assert ll == pytest.approx(-evaluate.rolling_nll(lm.loaded, ids))
+        assert ll == pytest.approx(-scoring.rolling_nll(lm.loaded, ids))
         # lm-eval's HFLM: disjoint rolling windows, each scored as context + continuation.
         want = 0.0
         for context, continuation in map(make_disjoint_window, get_rolling_token_windows(

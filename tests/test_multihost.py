@@ -1,5 +1,6 @@
 """Two real processes on 127.0.0.1 (gloo collectives) train exactly like one process on the same
-global batch: each reads its own rows, the gradient is all-reduced across processes."""
+global batch: each reads its own rows, the gradient is all-reduced across processes; with linear
+ProRes at T = 2 the alphas ramp through the whole run (layer 2 fully on only after step 4)."""
 import json
 import os
 import pathlib
@@ -12,7 +13,8 @@ import portpicker
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = ["train.steps=4", "train.log_every=1", "train.eval_every=2", "train.eval_batches=1",
             "train.batch_size=4", "train.sample_tokens=0", "train.checkpoint_every=2",
-            "model.n_layer=2", "model.d_model=32", "model.seq_len=16", "diagnostics.tensorboard=false"]
+            "model.n_layer=2", "model.d_model=32", "model.seq_len=16", "diagnostics.tensorboard=false",
+            "prores.schedule=linear", "prores.warmup=2"]
 
 
 def command(workdir, *extra):

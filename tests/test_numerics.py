@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from andrea_jax import model as model_lib, steps
-from andrea_jax.config import ModelConfig
-from kernels import reference
+from andrea_jax import model as model_lib
+from andrea_jax.train import steps
+from andrea_jax.config import Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig
+from andrea_jax.kernels import reference
 
 SMALL = ModelConfig(vocab_size=300, seq_len=16, d_model=64, n_layer=2, n_head=4)
 
@@ -124,3 +125,60 @@ def test_the_steps_masked_padded_logits_give_the_same_loss_and_gradients():
     np.testing.assert_allclose(l2, l1, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
         np.testing.assert_allclose(a, b, rtol=0, atol=5e-7)
+
+
+TRAIN = Config(model=ModelConfig(vocab_size=300, seq_len=32, d_model=64, n_layer=2, n_head=4),
+               prores=ProResConfig(schedule="linear", warmup=2), optim=OptimConfig(lr=3e-3, warmup_steps=2),
+               train=TrainConfig(steps=10, batch_size=4))
+
+
+def train_losses(cfg, batch):
+    """Losses of cfg.train.steps jitted updates on one batch, from the same seed."""
+    mesh = steps.make_mesh()
+    state = steps.create_state(cfg, jax.random.key(0), mesh)
+    step = steps.make_train_step(cfg, mesh)
+    assert ("bf16" in step.lower(state, batch).as_text()) == (cfg.model.dtype == "bfloat16")  # it computes in dtype
+    losses = []
+    for _ in range(cfg.train.steps):
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    return np.asarray(losses), state
+
+
+def test_bf16_training_follows_the_float32_trajectory():
+    batch = np.asarray(jax.random.randint(jax.random.key(1), (4, 33), 0, 300), np.int32)
+    bf16 = dataclasses.replace(TRAIN, model=dataclasses.replace(TRAIN.model, dtype="bfloat16"))
+    l16, state16 = train_losses(bf16, batch)
+    l32, _ = train_losses(TRAIN, batch)
+    assert np.all(np.isfinite(l16)) and all(np.all(np.isfinite(p)) for p in jax.tree.leaves(state16.params))
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(state16.params))  # master weights stay float32
+    # measured: 5.713 -> 4.360 in 10 steps (float32: 5.713 -> 4.360)
+    assert l16[-1] < l16[0] - 1.0, l16
+    # every update lowers the loss; the first runs at lr 0 (the LR warmup starts from 0)
+    assert np.all(np.diff(l16[1:]) < 0), l16
+    # measured max |bf16 - float32| over the 10 losses 3.8e-4 (relative 8.2e-5; CPU, jax 0.10.2)
+    np.testing.assert_allclose(l16, l32, rtol=0, atol=2e-3)
+
+
+def test_bf16_gradients_are_close_to_float32_gradients():
+    cfg = TRAIN.model
+    params = jax.jit(model_lib.init, static_argnums=0)(cfg, jax.random.key(0))["params"]
+    rng = np.random.default_rng(5)  # noise on every leaf: LayerNorm gains and biases matter
+    params = jax.tree.map(lambda p: np.asarray(p) + 0.1 * rng.standard_normal(p.shape, np.float32), params)
+    tokens = rng.integers(0, cfg.vocab_size, (4, 33)).astype(np.int32)
+    alphas = jnp.array([1.0, 0.6])
+    grad = lambda c: jax.jit(jax.grad(steps.loss_fn), static_argnums=1)(params, model_lib.Andrea(c), tokens, alphas)
+    g32, g16 = grad(cfg), grad(dataclasses.replace(cfg, dtype="bfloat16"))
+    rel = {}
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(g32)[0], jax.tree.leaves(g16)):
+        assert b.dtype == jnp.float32  # gradients of the float32 parameters
+        rel[jax.tree_util.keystr(path)] = float(np.linalg.norm(np.asarray(b) - a) / np.linalg.norm(a))
+    # measured ||g16 - g32|| / ||g32|| per leaf: 2.9e-3 (lnf_bias) to 1.6e-2 (attn_out_bias); 7.6e-3
+    # to 9.3e-3 for every kernel and embedding. bf16 keeps 8 bits: 2^-8 = 3.9e-3 per rounding; a
+    # wrong or missing term of a backward pass is an O(1) relative error.
+    assert max(rel.values()) < 4e-2, rel
+    flat = lambda g: np.concatenate([np.asarray(x).ravel() for x in jax.tree.leaves(g)])
+    v32, v16 = flat(g32), flat(g16)
+    # measured 8.6e-3 over all parameters together (cosine 0.99996)
+    assert np.linalg.norm(v16 - v32) / np.linalg.norm(v32) < 2e-2
+    assert np.linalg.norm(v16 - v32) / np.linalg.norm(v32) > 1e-3  # bf16 is really used

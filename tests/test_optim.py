@@ -10,7 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from andrea_jax import model as model_lib, optim
+from andrea_jax import model as model_lib
+from andrea_jax.train import optim
 from andrea_jax.config import ModelConfig, OptimConfig
 
 LR, TOTAL, WARMUP = 1e-3, 1000, 100

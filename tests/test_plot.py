@@ -8,7 +8,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from andrea_jax import config as config_lib, plot, trainer
+from andrea_jax import config as config_lib, plot
+from andrea_jax.train import loop as trainer
 
 L = 3
 

@@ -5,15 +5,14 @@ tokenizer's uniform sample; bad input in one line."""
 import json
 import os
 
+import apache_beam  # noqa: F401  a test dependency (pyproject.toml's `test` extra): never skipped
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-pytest.importorskip("apache_beam")
-
-from andrea_jax import config as config_lib  # noqa: E402
-from andrea_jax.data import pipeline, prepare, pretokenize, sampling, token_shards, tokenizer as tok_lib  # noqa: E402
-from andrea_jax.data.errors import DataError  # noqa: E402
+from andrea_jax import config as config_lib
+from andrea_jax.data import pipeline, beam_prepare as prepare, tokenize, sampling, token_shards, tokenizer as tok_lib
+from andrea_jax.errors import DataError
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 PARAGRAPHS = [p for p in SHAKESPEARE[:300_000].split("\n\n") if p.strip()]
@@ -81,10 +80,10 @@ def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_pa
 
     # The same stream as the single-process path a training run takes on these files.
     cfg = config_lib.DataConfig(source="files", path=str(tmp_path / "corpus"), tokenizer=str(tok_path))
-    flat = pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+    flat = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
     np.testing.assert_array_equal(np.concatenate([flat.train_tokens, flat.val_tokens]), np.asarray(tokens))
     # ... and read as a prepared dataset, the same split into training and validation tokens.
-    prepared = pipeline.prepare(config_lib.DataConfig(source="prepared", path=str(out)),
+    prepared = pipeline.tokenized_corpus(config_lib.DataConfig(source="prepared", path=str(out)),
                                 vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
     np.testing.assert_array_equal(np.asarray(prepared.train_tokens), flat.train_tokens)
     np.testing.assert_array_equal(np.asarray(prepared.val_tokens), flat.val_tokens)
@@ -138,7 +137,7 @@ def test_trained_tokenizer_sees_a_uniform_sample_from_the_whole_corpus(tmp_path,
     # The tokenizer's hash names the dataset (TFDS's config name) and labels the manifest and shards.
     out = tmp_path / "out"
     tok_hash = tokens_hash(out)
-    assert tok_hash == pretokenize.tokenizer_hash(got)
+    assert tok_hash == tokenize.tokenizer_hash(got)
     assert tfds.builder_from_directory(str(out)).info.config_name == tok_hash
     assert all(json.loads(p.read_text())["tokenizer"] == tok_hash for p in out.glob("*.done.json"))
 
@@ -183,7 +182,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, tok_path, capsys):
     cfg = config_lib.DataConfig(source="prepared", path=str(out), tokenizer=str(other))
     with pytest.raises(DataError, match=rf"token dataset {out} was tokenized by tokenizer \w+ \(its manifest.json\) "
                                         rf"but tokenizer {other} is \w+") as info:
-        pipeline.prepare(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+        pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
     assert "\n" not in str(info.value)
 
     # An unreadable (truncated) shard.
@@ -191,7 +190,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, tok_path, capsys):
     size = shard.stat().st_size
     os.truncate(shard, 10)
     with pytest.raises(DataError, match=rf"token shard {shard} has 10 bytes, not {size:,}: prepare the dataset again"):
-        pipeline.prepare(config_lib.DataConfig(source="prepared", path=str(out)), vocab_size=300, seq_len=8,
+        pipeline.tokenized_corpus(config_lib.DataConfig(source="prepared", path=str(out)), vocab_size=300, seq_len=8,
                          cache_dir=tmp_path / "cache")
 
 
@@ -222,3 +221,80 @@ def test_units_are_cut_into_contiguous_shards_of_about_equal_size():
     assert prepare.assign_shards([1, 1, 1, 100], 2) == [[0, 1, 2], [3]]
     assert prepare.assign_shards([100, 1, 1, 1], 2) == [[0], [1, 2, 3]]
     assert prepare.assign_shards([10, 10], 3) == [[0], [], [1]]   # fewer units than shards: one stays empty
+
+
+class AndreaPrepareDocs(tfds.core.GeneratorBasedBuilder):
+    """A registered TFDS text dataset in array_record format, standing in for c4/en or lm1b."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    @tfds.core.utils.classproperty
+    @classmethod
+    def url_infos(cls):  # nothing to download (see andrea_jax/data/tfds_builder.py)
+        return None
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, disable_shuffling=True,
+                                     features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i, text in enumerate(PARAGRAPHS[:TRAINED_DOCS]):
+            yield i, {"text": text}
+
+
+TRAINED_DOCS = 300  # paragraphs of the corpus that goes through preparation and training
+
+
+def published_corpus(folder):
+    """The paragraphs as a corpus is published: a .json.gz of C4's fields and a parquet file.
+    Returns (--path, the documents in corpus order: the files' sorted names)."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    docs = PARAGRAPHS[:TRAINED_DOCS]
+    with gzip.open(folder / "c4-train.00000-of-00002.json.gz", "wt") as f:
+        f.writelines(json.dumps({"text": d, "url": "u", "timestamp": "t"}) + "\n" for d in docs[:200])
+    pq.write_table(pa.table({"text": docs[200:]}), folder / "c4-train.00001-of-00002.parquet")
+    return ["--path", str(folder)], docs
+
+
+def tfds_corpus(folder):
+    AndreaPrepareDocs(data_dir=str(folder), file_format="array_record").download_and_prepare()
+    return ["--name", "andrea_prepare_docs", "--data-dir", str(folder)], PARAGRAPHS[:TRAINED_DOCS]
+
+
+@pytest.mark.parametrize("source", ["hf-jsonl", "tfds"])
+def test_a_prepared_corpus_trains_with_data_source_prepared(source, tmp_path, tok_path, capsys):
+    """prepare --source hf-jsonl | tfds, then a training run on `data.source=prepared`: the
+    run reads the prepared tokens (the corpus's documents encoded in order), with their tokenizer."""
+    import train as train_cli
+
+    where, docs = (published_corpus if source == "hf-jsonl" else tfds_corpus)(tmp_path / "corpus")
+    out = tmp_path / "prepared"
+    argv = ["--source", source, *where, "--out", str(out), "--tokenizer", str(tok_path), "--workers", "1",
+            "--shards", "2"]
+    assert prepare.main(argv) == 0, capsys.readouterr().err
+    tok = tok_lib.load(tok_path)
+    want = np.concatenate([tok_lib.encode(tok, d) + [tok_lib.eot_id(tok)] for d in docs])
+    np.testing.assert_array_equal(np.asarray(token_shards.ShardedTokens.open(out)), want)
+    capsys.readouterr()
+
+    run = tmp_path / "run"
+    sets = ["data.source=prepared", f"data.path={out}", "model.vocab_size=300", "model.seq_len=16",
+            "model.d_model=32", "model.n_layer=2", "model.n_head=2", "train.batch_size=4", "train.steps=2",
+            "train.log_every=1", "train.eval_every=2", "train.eval_batches=1", "train.sample_tokens=0",
+            "train.checkpoint_every=0", "diagnostics.tensorboard=false"]
+    assert train_cli.main(["--config", "tiny", "--workdir", str(run), *[a for s in sets for a in ("--set", s)]]) == 0, \
+        capsys.readouterr().err
+    n_train = len(want) - int(len(want) * config_lib.DataConfig().val_fraction)  # the rest is validation
+    assert f" parameters, {n_train:,} training tokens, " in capsys.readouterr().out
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert all(np.isfinite(line["loss"]) for line in lines) and np.isfinite(lines[-1]["val_loss"])
+    assert tok_lib.load(run / "tokenizer.json").to_str() == tok_lib.load(out / "tokenizer.json").to_str() == tok.to_str()

@@ -1,15 +1,15 @@
-"""Every ProRes schedule against the paper's formula (SPEC 2 / Table 5), written out here per (l, t)."""
+"""Every ProRes schedule against the paper's formula (ProRes paper, Table 5), written out here per (l, t)."""
 import math
 
 import jax
 import numpy as np
 import pytest
 
-from andrea_jax import prores
+from andrea_jax.model import prores
 
 
 def formula(schedule, l, t, T, L):
-    """alpha(l, t) for one layer, transcribed from SPEC 2 with plain Python floats."""
+    """alpha(l, t) for one layer, transcribed from the paper's Table 5 with plain Python floats."""
     r = min(t / (T * l), 1.0)
     def stagewise(m):
         return min(max(m + (1 - m) * (t - T * (l - 1)) / T, m), 1.0)

@@ -4,6 +4,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -48,6 +49,42 @@ def test_each_policy_gives_the_gradients_of_none(remat):
 def test_policies_store_less_in_order_none_dots_full():
     saved = {r: residual_bytes(loss_and_vjp(r)[1]) for r in config_lib.REMATS}
     assert saved["none"] > saved["dots"] > saved["full"], saved
+
+
+def all_eqns(jaxpr):
+    """Every equation of a jaxpr, those of the jaxprs inside its equations (scan, remat, ...) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    yield from all_eqns(sub.jaxpr)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    yield from all_eqns(sub)
+
+
+POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+            "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+@pytest.mark.parametrize("remat", config_lib.REMATS)
+def test_the_traced_model_checkpoints_each_block_with_the_policy_of_its_setting(remat):
+    """The forward pass's jaxpr: under full and dots one checkpoint (remat) around the whole block
+    (its projections and attention: at least 6 matmuls) inside the layer scan, with that policy;
+    under none no checkpoint holds a matmul (the kernels' bias + GELU checkpoints only itself)."""
+    cfg = dataclasses.replace(TINY, remat=remat)
+    tokens = jnp.zeros((2, 12), jnp.int32)
+    forward = lambda p: model_lib.Andrea(cfg, "xla").apply({"params": p}, tokens, ALPHAS).sum()
+    eqns = list(all_eqns(jax.make_jaxpr(forward)(model_lib.param_shapes(TINY)).jaxpr))  # traced, not run
+    matmuls = lambda e: sum(q.primitive.name == "dot_general" for q in all_eqns(e.params["jaxpr"]))
+    blocks = [e for e in eqns if e.primitive.name in ("checkpoint", "remat2") and matmuls(e) >= 6]
+    if remat == "none":
+        assert blocks == []
+        return
+    assert len(blocks) == 1, blocks
+    assert blocks[0].params["policy"] is POLICIES[remat]
+    scans = [e for e in eqns if e.primitive.name == "scan" and e.params["length"] == TINY.n_layer]
+    assert any(blocks[0] in list(all_eqns(e.params["jaxpr"].jaxpr)) for e in scans)  # one per layer
 
 
 def test_old_boolean_settings_mean_full_and_none():

@@ -1,8 +1,9 @@
-"""Stopping and resuming real train.py processes: SIGTERM checkpoints and exits, the rerun gives the
-losses of an uninterrupted run bit for bit; a busy workdir is refused, a dead run's lock taken over;
-processes of a multi-process run stop together, and checkpoints move between process counts. Also
-non-finite losses: reported at their own step and never checkpointed, or skipped when asked."""
-import json
+"""Stopping and resuming real train.py processes: SIGTERM (143) or SIGINT (130) checkpoints and
+exits, a second signal stops at once, the rerun gives the losses of an uninterrupted run bit for bit
+(mid-way through the ProRes ramp); a busy workdir is refused, a dead run's lock taken over; processes
+of a multi-process run stop together, and checkpoints move between process counts. Also non-finite
+losses and parameters: reported at their own step and never checkpointed, or skipped when asked,
+also from a resume."""
 import os
 import shutil
 import signal
@@ -15,11 +16,21 @@ import numpy as np
 import portpicker
 import pytest
 
-from andrea_jax import config as config_lib, inference, trainer
+from andrea_jax import config as config_lib
+from andrea_jax.errors import TrainingError
+from andrea_jax.serve import load
+from andrea_jax.train import loop as trainer, preemption
 from test_multihost import ROOT, metric_lines
 
 TOY = ["train.eval_batches=1", "train.batch_size=4", "train.sample_tokens=0", "model.n_layer=2",
        "model.d_model=32", "model.seq_len=16", "diagnostics.tensorboard=false"]
+L = 2  # TOY's model.n_layer
+
+
+def prores(T):
+    """Linear ProRes with warmup T: block l is fully on after T * l steps, so a run stopped or
+    resumed before step T * L does so mid-ramp, and its alphas must come back with its step."""
+    return ["prores.schedule=linear", f"prores.warmup={T}"]
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +68,15 @@ def wait_for_a_line(proc, prefix, timeout=200):
         time.sleep(0.01)
 
 
+def wait_for_text(proc, text, timeout=200):
+    """Like wait_for_a_line, for text anywhere in the log: the progress bar (on stderr, in the same
+    file) leaves no line break before what the run prints next."""
+    deadline = time.monotonic() + timeout
+    while text not in open(proc.log).read():
+        assert time.monotonic() < deadline and proc.poll() is None, open(proc.log).read()[-2000:]
+        time.sleep(0.01)
+
+
 def wait_for_a_metric_line(workdir, procs, timeout=200):
     deadline = time.monotonic() + timeout
     path = workdir / "metrics.jsonl"
@@ -83,8 +103,9 @@ def same_run(a, b, *, exact=True):
 
 
 def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path):
-    settings = TOY + ["train.steps=300", "train.log_every=5", "train.eval_every=100", "train.checkpoint_every=100",
-                      "model.vocab_size=300", f"data.tokenizer={tok_path}"]
+    T = 150  # T * L = 300 = train.steps: wherever the signal lands, the rerun resumes mid-ramp
+    settings = TOY + prores(T) + ["train.steps=300", "train.log_every=5", "train.eval_every=100",
+                                  "train.checkpoint_every=100", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
     env = {"ANDREA_CACHE": str(tmp_path / "cache")}
     straight = start(tmp_path / "straight", settings, env=env)
     run = start(tmp_path / "run", settings, env=env)
@@ -104,7 +125,7 @@ def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path)
     stopped = out.strip().splitlines()[-1]
     assert stopped.startswith("stopped by SIGTERM after step ") and "run the same command to continue" in stopped
     step = int(stopped.split("after step ")[1].split(":")[0])
-    assert 5 <= step < 300 and (tmp_path / "run" / "checkpoints" / str(step)).is_dir()
+    assert 5 <= step < T * L and (tmp_path / "run" / "checkpoints" / str(step)).is_dir()
 
     # The stopped run's lock is free (its process is gone): the rerun takes it and finishes.
     rerun = start(tmp_path / "run", settings, log_name="rerun", env=env)
@@ -115,8 +136,9 @@ def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path)
 
 
 def test_processes_stop_together_and_checkpoints_move_between_process_counts(tmp_path, tok_path):
-    settings = TOY + ["train.steps=20", "train.log_every=2", "train.eval_every=10", "train.checkpoint_every=10",
-                      "model.vocab_size=300", f"data.tokenizer={tok_path}"]
+    # T = 10: the resumes at steps 2 and 10 see alphas [0.2, 0.1] and [1, 0.5]; layer 2 ramps to step 20.
+    settings = TOY + prores(10) + ["train.steps=20", "train.log_every=2", "train.eval_every=10",
+                                   "train.checkpoint_every=10", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
     env = {"ANDREA_CACHE": str(tmp_path / "cache")}
     port = portpicker.pick_unused_port()
     two = [start(tmp_path / "two", settings, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
@@ -147,8 +169,8 @@ def test_processes_stop_together_and_checkpoints_move_between_process_counts(tmp
 
 
 def test_fresh_caches_give_the_same_run_and_old_checkpoints_go(tmp_path):
-    settings = TOY + ["train.steps=4", "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=1",
-                      "train.keep_checkpoints=2", "model.vocab_size=300"]  # the tokenizer is trained in each cache
+    settings = TOY + prores(2) + ["train.steps=4", "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=1",
+                                  "train.keep_checkpoints=2", "model.vocab_size=300"]  # the tokenizer is trained in each cache
     runs = [start(tmp_path / name, settings, env={"ANDREA_CACHE": str(tmp_path / f"cache_{name}")})
             for name in ("a", "b")]
     for p in runs:
@@ -165,23 +187,123 @@ def diverging(tok_path, *extra):
         f"data.tokenizer={tok_path}", "train.eval_every=0", *extra]))
 
 
-def test_non_finite_loss_is_reported_at_its_step_and_never_checkpointed(tmp_path, tok_path):
+def test_non_finite_loss_is_reported_never_checkpointed_and_skipping_may_be_switched_on_to_resume(
+        tmp_path, tok_path):
     cfg = diverging(tok_path, "train.steps=8", "train.log_every=10", "train.checkpoint_every=2")
-    with pytest.raises(trainer.TrainingError, match=r"non-finite loss (nan|inf) at step 3;"):
+    with pytest.raises(TrainingError, match=r"non-finite loss (nan|inf) at step 3;"):
         trainer.train(cfg, tmp_path, show_progress=False)  # seen at step 4, the next checkpoint
     losses = np.load(tmp_path / "step_losses.npy")
     assert np.all(np.isfinite(losses[:2])) and not np.isfinite(losses[2])
-    assert inference.checkpoint_steps(tmp_path) == [2]
-    params = inference.load(workdir=tmp_path).params
+    assert load.checkpoint_steps(tmp_path) == [2]
+    params = load.load(workdir=tmp_path).params
     assert all(np.all(np.isfinite(np.asarray(p))) for p in jax.tree.leaves(params))
+
+    # The README's way past a NaN: the same run with optim.skip_nonfinite=true is accepted without
+    # --allow-schedule-change, resumes at step 2 and skips every non-finite update from there (this
+    # diverged run never recovers: steps 3-8 are all skipped, 6 in a row, under the limit of 10).
+    skipping = diverging(tok_path, "train.steps=8", "train.log_every=1", "train.checkpoint_every=2",
+                         "optim.skip_nonfinite=true")
+    lines = trainer.train(skipping, tmp_path, show_progress=False)
+    assert [l["step"] for l in lines] == [3, 4, 5, 6, 7, 8]
+    assert [l["skipped_updates"] for l in lines] == [1, 2, 3, 4, 5, 6]
+    assert load.checkpoint_steps(tmp_path)[-1] == 8
+    after = load.load(workdir=tmp_path).params  # no update was applied after step 2
+    for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_parameters_that_are_not_finite_are_never_checkpointed(tmp_path, tok_path):
+    # optim.lr=1e39 is finite for the config but inf in float32: the first update turns the
+    # parameters non-finite while the loss of step 1 (computed before it) is finite, so only the
+    # parameter check before the step-1 checkpoint can stop the run there.
+    cfg = diverging(tok_path, "optim.lr=1e39", "optim.warmup_steps=0", "train.steps=3", "train.log_every=10",
+                    "train.checkpoint_every=1")
+    with pytest.raises(TrainingError, match=r"^the parameters after step 1 are not finite;"):
+        trainer.train(cfg, tmp_path, show_progress=False)
+    losses = np.load(tmp_path / "step_losses.npy")
+    assert len(losses) == 1 and np.isfinite(losses[0])  # the loss check had nothing to report
+    assert load.checkpoint_steps(tmp_path) == []
+
+
+def slow_save_command(workdir, settings):
+    """train.py's command line, with a checkpoint save that takes 10 minutes: a signal that came
+    while it runs can only be answered by stopping at once."""
+    code = ("import sys, time\n"
+            "from andrea_jax import cli\n"
+            "from andrea_jax.train import checkpoint\n"
+            "def save(*args, **kwargs):\n"
+            "    print('slow save started', flush=True)\n"
+            "    time.sleep(600)\n"
+            "checkpoint.save = save\n"
+            "sys.exit(cli.main(sys.argv[1:]))\n")
+    return [sys.executable, "-c", code] + command(workdir, settings)[2:]
+
+
+def test_sigint_checkpoints_and_exits_130(tmp_path, tok_path):
+    settings = TOY + prores(150) + ["train.steps=300", "train.log_every=5", "train.eval_every=100",
+                                    "train.checkpoint_every=100", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
+    run = start(tmp_path / "run", settings, env={"ANDREA_CACHE": str(tmp_path / "cache")})
+    wait_for_a_metric_line(tmp_path / "run", [run])
+    os.kill(run.pid, signal.SIGINT)
+    out = finish(run)
+    assert run.returncode == 130, out[-3000:]
+    assert "SIGINT: stopping after this step, with a checkpoint (send it again to stop at once)" in out
+    stopped = out.strip().splitlines()[-1]
+    step = int(stopped.split("after step ")[1].split(":")[0])
+    assert stopped == (f"stopped by SIGINT after step {step}: checkpoint {tmp_path / 'run' / 'checkpoints' / str(step)} "
+                       f"saved; run the same command to continue")
+    assert 5 <= step < 100 and load.checkpoint_steps(tmp_path / "run") == [step]  # not a checkpoint step: the signal's
+    assert len(np.load(tmp_path / "run" / "step_losses.npy")) == step
+
+
+def test_a_second_sigint_stops_at_once_without_the_checkpoint(tmp_path, tok_path):
+    settings = TOY + prores(150) + ["train.steps=300", "train.log_every=5", "train.eval_every=100",
+                                    "train.checkpoint_every=100", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    log = (tmp_path / "run.log").open("w")
+    proc = subprocess.Popen(slow_save_command(workdir, settings), stdout=log, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT, env={**os.environ, "XLA_FLAGS": "", "ANDREA_CACHE": str(tmp_path / "cache")})
+    proc.log = log.name
+    try:
+        wait_for_a_metric_line(workdir, [proc])
+        os.kill(proc.pid, signal.SIGINT)  # the first: finish the step, then save (for 10 minutes)
+        wait_for_text(proc, "slow save started")
+        os.kill(proc.pid, signal.SIGINT)  # the second: stop now
+        out = finish(proc, timeout=120)   # long before the save would end
+    finally:
+        if proc.poll() is None:  # a second signal that did not stop it
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out[-3000:]
+    assert "SIGINT: stopping after this step" in out
+    assert out.strip().splitlines()[-1] == "error: interrupted"
+    assert "stopped by SIGINT" not in out and load.checkpoint_steps(workdir) == []
+
+
+def test_a_second_signal_gets_the_handler_that_was_installed_before():
+    calls = []
+    before = lambda signum, frame: calls.append(signum)
+    previous = signal.signal(signal.SIGTERM, before)
+    try:
+        stop = preemption.StopRequests().install()
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.signum == signal.SIGTERM and calls == []  # the first is only recorded
+        assert stop.agreed(at_sync_point=False) == signal.SIGTERM  # one process: stop after this step
+        signal.raise_signal(signal.SIGTERM)
+        assert calls == [signal.SIGTERM]  # the second goes where it went before the run
+        stop.uninstall()
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_skip_nonfinite_counts_skipped_updates_and_goes_on_until_stuck(tmp_path, tok_path):
     cfg = diverging(tok_path, "train.steps=8", "train.log_every=1", "train.checkpoint_every=2",
                     "optim.skip_nonfinite=true", "optim.max_consecutive_skips=3")
-    with pytest.raises(trainer.TrainingError, match=r"the last 3 updates \(steps 3-5\) had non-finite gradients"):
+    with pytest.raises(TrainingError, match=r"the last 3 updates \(steps 3-5\) had non-finite gradients"):
         trainer.train(cfg, tmp_path, show_progress=False)
     lines = metric_lines(tmp_path)
     assert [l["step"] for l in lines] == [1, 2, 3, 4]  # went on after the first non-finite loss
     assert [l["skipped_updates"] for l in lines] == [0, 0, 1, 2]
-    assert inference.checkpoint_steps(tmp_path) == [2, 4]  # saved while skipping: parameters untouched
+    assert load.checkpoint_steps(tmp_path) == [2, 4]  # saved while skipping: parameters untouched

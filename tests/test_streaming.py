@@ -7,7 +7,7 @@ import pytest
 
 from andrea_jax import config as config_lib
 from andrea_jax.data import pipeline, tokenizer as tok_lib
-from andrea_jax.data.errors import DataError
+from andrea_jax.errors import DataError
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 DOCS = [p for p in SHAKESPEARE[:60_000].split("\n\n") if p.strip()]

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import train
-from andrea_jax import config as config_lib, model as model_lib, steps, trainer
+from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax.train import steps, loop as trainer
 from andrea_jax.config import Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig
 
 SMALL = Config(
@@ -46,7 +47,9 @@ def test_first_step_sees_alpha_zero_so_blocks_get_no_gradient():
 
 
 def tiny_cli(workdir, *extra):
+    # ProRes on (tiny ships it off) with T = 3: the alphas ramp until step 6, the last.
     return [sys.executable, "train.py", "--config", "tiny", "--workdir", str(workdir),
+            "--set", "prores.schedule=linear", "--set", "prores.warmup=3",
             "--set", "train.steps=6", "--set", "train.log_every=2", "--set", "train.eval_every=3",
             "--set", "train.eval_batches=1", "--set", "train.sample_tokens=5",
             "--set", "model.n_layer=2", "--set", "model.d_model=64", "--set", "model.seq_len=32",
@@ -64,14 +67,16 @@ def test_cli_trains_and_writes_metrics(tmp_path):
     assert [l["step"] for l in lines if "val_loss" in l] == [3, 6]
     assert (tmp_path / "tokenizer.json").exists()
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["model"]["n_layer"] == 2
+    assert saved["model"]["n_layer"] == 2 and saved["prores"] == {"schedule": "linear", "warmup": 3}
+    assert "ProRes linear T=3" in proc.stdout
     assert "--- sample ---" in proc.stdout
 
 
 def test_same_seed_same_losses_other_seed_other_losses(tmp_path):
     cfg = config_lib.override(config_lib.load("tiny"), [
         "train.steps=4", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0",
-        "model.n_layer=2", "model.d_model=32", "model.seq_len=16", "train.batch_size=4"])
+        "model.n_layer=2", "model.d_model=32", "model.seq_len=16", "train.batch_size=4",
+        "prores.schedule=linear", "prores.warmup=2"])  # alphas from [0, 0] at step 1 to [1, 0.75] at step 4
     run = lambda c, d: [l["loss"] for l in trainer.train(c, tmp_path / d, show_progress=False)]
     first, second = run(cfg, "a"), run(cfg, "b")
     assert first == second

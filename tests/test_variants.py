@@ -1,4 +1,4 @@
-"""Norm placements, inits and learned gates against SPEC 2, transcribed independently in
+"""Norm placements, inits and learned gates against the ProRes paper's Table 1, transcribed independently in
 tests/_ref_blocks.py; the pre-LN model against a frozen copy of the spine's forward pass. (The
 whole model of every placement against the transcribed loop: tests/test_diagnostics.py.)"""
 import dataclasses
@@ -13,7 +13,7 @@ import _ref_blocks as ref
 from andrea_jax import config as config_lib
 from andrea_jax import model as model_lib
 from andrea_jax.config import ModelConfig
-from configs import andrea_120m
+from andrea_jax.configs import andrea_120m
 
 SMALL = ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=5, n_head=4)
 
@@ -192,7 +192,7 @@ def test_unknown_variant_names_its_key():
 @pytest.mark.parametrize("family", ["71m", "tiny"])
 def test_depth_sweep_configs(family):
     depths = (12, 24, 48, 72, 96, 120)
-    configs = [config_lib.validate(config_lib.load(f"depth_{family}_{L}")) for L in depths]
+    configs = [config_lib.validate(config_lib.load(f"depth:family={family},layers={L}")) for L in depths]
     assert [c.model.n_layer for c in configs] == list(depths)
     width = {"71m": (512, 8), "tiny": (64, 4)}[family]
     assert all((c.model.d_model, c.model.n_head) == width for c in configs)
@@ -202,3 +202,10 @@ def test_depth_sweep_configs(family):
     want = {"71m": [1000] * 4 + [500] * 2, "tiny": [3] * 4 + [2] * 2}[family]
     assert [c.prores.warmup for c in configs] == want
     assert all(c.train.steps == {"71m": 100_000, "tiny": 300}[family] for c in configs)
+
+
+@pytest.mark.parametrize("arg", ["", "family=tiny", "family=tiny,layers=13", "family=big,layers=12",
+                                 "family=tiny,layers=12,width=3"])
+def test_depth_config_refuses_a_bad_argument(arg):
+    with pytest.raises(config_lib.ConfigError, match="config depth"):
+        config_lib.load(f"depth:{arg}" if arg else "depth")

@@ -11,7 +11,7 @@ import pathlib
 import warnings
 from typing import Iterator
 
-from andrea_jax.data.errors import DataError, DataWarning
+from andrea_jax.errors import DataError, DataWarning
 
 SUFFIXES = (".txt", ".jsonl")
 _REPLACEMENT_UTF8 = "\ufffd".encode()

@@ -24,7 +24,7 @@ import pathlib
 import grain
 import numpy as np
 
-from andrea_jax.data.errors import DataError
+from andrea_jax.errors import DataError
 
 STATE_FORMAT = 1
 

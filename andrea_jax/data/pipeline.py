@@ -2,7 +2,7 @@
 batches. `build(cfg, workdir)` is all the trainer calls.
 
 The tokens are always a token dataset of token_shards.py: for embedded, files and tfds the cache of
-one shard made here on first use (pretokenize.py); for data.source=prepared the K shards that
+one shard made here on first use (tokenize.py); for data.source=prepared the K shards that
 `python -m andrea_jax.data.prepare` wrote. With data.pretokenize=false the training documents are
 tokenized as they stream instead (streaming.py).
 
@@ -23,9 +23,8 @@ import jax
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax.data import (loader, pretokenize, sampling, sources, streaming, token_shards,
-                             tokenizer as tokenizer_lib)
-from andrea_jax.data.errors import DataError, DataWarning  # noqa: F401  (train.py imports DataError here)
+from andrea_jax.data import loader, tokenize, sampling, sources, streaming, token_shards, tokenizer as tokenizer_lib
+from andrea_jax.errors import DataError
 
 EMBEDDED_CORPUS = sources.EMBEDDED_CORPUS
 TOKENIZER_SAMPLE_CHARS = 64 << 20   # default data.tokenizer_sample_mb: a trained tokenizer's uniform sample
@@ -73,7 +72,7 @@ def _tokenizer(source: sources.Source, data_cfg, vocab_size: int, beside: pathli
             sample_mb = getattr(data_cfg, "tokenizer_sample_mb", TOKENIZER_SAMPLE_CHARS >> 20)
             suffix = "" if sample_mb << 20 == TOKENIZER_SAMPLE_CHARS else f"-s{sample_mb}mb"
             tok = tokenizer_lib.load_or_train_at(
-                beside / f"tokenizer-{pretokenize.safe_name(split)}-v{vocab_size}{suffix}.json",
+                beside / f"tokenizer-{tokenize.safe_name(split)}-v{vocab_size}{suffix}.json",
                 sampling.sample_texts(source.train, sample_mb << 20, seed=0), vocab_size)
         except ValueError as e:  # too little text for the vocabulary
             raise DataError(f"corpus {source.name}: {e}") from None
@@ -104,14 +103,14 @@ def _open_prepared(data_cfg, vocab_size: int):
     if not tok_file.is_file():
         raise DataError(f"tokenizer {tok_file} of prepared dataset {folder} does not exist")
     tok = tokenizer_lib.load(tok_file)
-    tokens = token_shards.ShardedTokens.open(folder, expect_tokenizer=pretokenize.tokenizer_hash(tok),
+    tokens = token_shards.ShardedTokens.open(folder, expect_tokenizer=tokenize.tokenizer_hash(tok),
                                              tokenizer_name=f"tokenizer {tok_file}")
     if tok.get_vocab_size() != vocab_size:
         raise DataError(f"tokenizer {tok_file} has {tok.get_vocab_size()} tokens but model.vocab_size is {vocab_size}")
     return tok, tokens, f"prepared:{manifest.get('source_key', folder.name)}:{manifest['tokenizer']}"
 
 
-def prepare(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None) -> TokenizedCorpus:
+def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None) -> TokenizedCorpus:
     """Opens the source, loads or trains the tokenizer, loads or builds the token caches."""
     cache_dir = pathlib.Path(cache_dir or tokenizer_lib.default_cache_dir())
     split = data_cfg.tfds_split if data_cfg.source == "tfds" else "train"
@@ -124,13 +123,13 @@ def prepare(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None) -> Token
             source = sources.open_source(data_cfg, cache_dir)
             beside = _cache_dir_beside(source.dataset_dir, cache_dir)
             tok = _tokenizer(source, data_cfg, vocab_size, beside, split)
-            tokens = pretokenize.load_or_tokenize(source.train, tok, beside, split, source.name)
+            tokens = tokenize.load_or_tokenize(source.train, tok, beside, split, source.name)
             if source.val is not None:
-                val_tokens = pretokenize.load_or_tokenize(source.val, tok, beside, data_cfg.tfds_val_split,
+                val_tokens = tokenize.load_or_tokenize(source.val, tok, beside, data_cfg.tfds_val_split,
                                                           source.name)
         name = source.name
         # Location-free: the same data restores from another data_dir; n_tokens (in the fingerprint) adds the rest.
-        key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{pretokenize.tokenizer_hash(tok)}"
+        key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{tokenize.tokenizer_hash(tok)}"
     if val_tokens is not None:
         train_tokens = tokens
         val_name = f"validation split {data_cfg.tfds_val_split!r}"
@@ -157,7 +156,7 @@ def fingerprint(cfg, corpus: TokenizedCorpus) -> dict:
 
 
 def streamed(data_cfg, *, vocab_size: int, seq_len: int, max_val_windows: int, cache_dir=None):
-    """(corpus, training documents) of data.pretokenize=false: the tokenizer as prepare() makes it,
+    """(corpus, training documents) of data.pretokenize=false: the tokenizer as tokenized_corpus() makes it,
     the training documents untokenized, the validation documents (a split, or the last val_fraction
     of the documents) tokenized here, as far as the validation batches read."""
     cache_dir = pathlib.Path(cache_dir or tokenizer_lib.default_cache_dir())
@@ -179,7 +178,7 @@ def streamed(data_cfg, *, vocab_size: int, seq_len: int, max_val_windows: int, c
     if len(val) < seq_len + 1:
         raise DataError(f"the validation documents of corpus {source.name} have {len(val)} tokens, fewer "
                         f"than one window of model.seq_len + 1 = {seq_len + 1}")
-    key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{pretokenize.tokenizer_hash(tok)}"
+    key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{tokenize.tokenizer_hash(tok)}"
     corpus = TokenizedCorpus(tok, np.zeros(0, np.uint16), val, key, train_documents=len(train_docs))
     return corpus, train_docs
 
@@ -192,7 +191,7 @@ def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None
     count = jax.process_count() if process_count is None else process_count
     m_cfg, t_cfg = cfg.model, cfg.train
     if getattr(cfg.data, "pretokenize", True):
-        corpus = prepare(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
+        corpus = tokenized_corpus(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
         batches = loader.train_iterator(loader.train_dataset(
             corpus.train_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.seed,
             process_index=index, process_count=count))

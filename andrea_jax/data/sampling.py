@@ -31,7 +31,7 @@ def doc_id(unit: int, index: int) -> int:
 
 def sample_texts(records: Sequence, max_chars: int, seed: int = 0) -> Iterator[str]:
     """About `max_chars` of text: the documents of smallest key, in corpus order."""
-    from andrea_jax.data.pretokenize import iter_texts  # records -> texts, as tokenization reads them
+    from andrea_jax.data.tokenize import iter_texts  # records -> texts, as tokenization reads them
 
     order = np.argsort(keys(np.arange(len(records)), seed), kind="stable")
     chosen, seen = [], 0

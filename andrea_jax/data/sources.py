@@ -13,7 +13,7 @@ from typing import Sequence
 import tensorflow_datasets as tfds
 
 from andrea_jax.data import documents, tfds_builder
-from andrea_jax.data.errors import DataError
+from andrea_jax.errors import DataError
 
 EMBEDDED_CORPUS = pathlib.Path(__file__).resolve().parent / "tinyshakespeare.txt"
 RANDOM_ACCESS_FORMATS = ("array_record", "parquet")

@@ -1,6 +1,6 @@
 """`data.pretokenize=false`: documents tokenized and packed on the fly, in grain worker processes.
 
-For a corpus read once or twice, where tokenizing it all up front (pretokenize.py, prepare.py) costs
+For a corpus read once or twice, where tokenizing it all up front (tokenize.py, prepare.py) costs
 more than it saves. The documents of this process's share (every process_count-th, from
 process_index) are shuffled by the seed, each epoch anew; grain worker processes
 (data.stream_workers; 0 = in this process) tokenize them, append `<|endoftext|>`, and pack the
@@ -77,10 +77,10 @@ def train_dataset(records, tokenizer_json: str, *, seq_len: int, global_batch: i
 
 def val_tokens(records, tokenizer, max_tokens: int) -> np.ndarray:
     """The validation documents' ids (end-of-text after each), tokenized here, up to about max_tokens."""
-    from andrea_jax.data import pretokenize
+    from andrea_jax.data import tokenize
 
     parts, n = [], 0
-    for ids, _ in pretokenize.encode_stream(tokenizer, pretokenize.iter_texts(records)):
+    for ids, _ in tokenize.encode_stream(tokenizer, tokenize.iter_texts(records)):
         parts.append(ids)
         n += len(ids)
         if n >= max_tokens:

@@ -14,7 +14,7 @@ from typing import Sequence
 import tensorflow_datasets as tfds
 
 from andrea_jax.data import documents
-from andrea_jax.data.errors import DataError
+from andrea_jax.errors import DataError
 
 
 def files_key(files: Sequence[pathlib.Path]) -> str:

@@ -68,7 +68,7 @@ def summarize_experiment(exp, runs_dir: pathlib.Path) -> dict | None:
     per_run = {f"{a}_s{s}": summarize.run_summary(runs_dir / f"{a}_s{s}")
                for s in meta["seeds"] for a in arms}
     tokenized = next((runs_dir / n for n in per_run if (runs_dir / n / "tokenizer.json").is_file()), None)
-    plateau = unigram_plateau(tokenized) if tokenized and exp.config.startswith("depth_tiny") else None
+    plateau = unigram_plateau(tokenized) if tokenized and exp.config.startswith("depth:family=tiny") else None
     by_seed = lambda arm, key: {s: per_run[f"{arm}_s{s}"][key] for s in meta["seeds"]}
     arm_stats = {}
     for arm in arms:
@@ -146,7 +146,7 @@ def draw(exp, runs_dir: pathlib.Path, summary: dict, out: pathlib.Path) -> list:
 def write_all(runs_root: pathlib.Path, out: pathlib.Path, toy: bool = False) -> list:
     """Summaries and figures of every experiment with runs under runs_root; OUT/RESULTS.md."""
     figures_root = out / "prores_repro"
-    summaries, written = {}, []
+    summaries = {}
     for name, exp in experiments.EXPERIMENTS.items():
         runs_dir = runs_root / name
         summary = summarize_experiment(exp, runs_dir)

@@ -6,8 +6,8 @@ import math
 
 from andrea_jax.repro import experiments, stats
 
-# Paper (SPEC 2). The issue cites the paper's Tables 2 (headline sizes), 6 (schedule ablation,
-# 350M, L = 24) and 7 (depth 12-120); SPEC quotes the numbers, not the table numbers.
+# The ProRes paper (arXiv 2603.05369). The issue cites the paper's Tables 2 (headline sizes), 6 (schedule ablation,
+# 350M, L = 24) and 7 (depth 12-120); the numbers are the paper's, the table numbers are as the issue gives them.
 PAPER_POST_24 = {"none": 16.83, "linear": 15.15}      # equal and reverse diverge
 PAPER_PRE_24 = {"none": 15.21, "linear": 14.41, "equal": 15.06, "reverse": 15.65}
 PAPER_130M = {"pre": (14.67, 14.30), "post": (14.84, 14.72)}
@@ -155,7 +155,7 @@ def comparison_table(summaries: dict) -> list:
     out += [f"| {' | '.join(r)} |" for r in rows]
     return out + ["", "Table numbers as the issue cites them (2: the headline sizes; 6: the schedule "
                   "ablation at 350M, L = 24; 7: the depth sweep 12-120); the paper's numbers are "
-                  "quoted from SPEC 2. Paired differences are final validation loss, arm minus `none`, same seed; "
+                  "quoted from the ProRes paper (arXiv 2603.05369). Paired differences are final validation loss, arm minus `none`, same seed; "
                   "the interval is a 95% percentile bootstrap over seeds (coarse with 3-4 seeds: 10 or 35 "
                   "distinct resamples). A direction *holds* only when the interval excludes 0.", ""]
 

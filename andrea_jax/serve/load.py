@@ -22,15 +22,16 @@ import jax.numpy as jnp
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax import config as config_lib, model as model_lib, prores, sharding
+from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax.model import prores
+from andrea_jax.train import sharding
 from andrea_jax.config import Config
+from andrea_jax.errors import LoadError
 
 NATIVE_WEIGHTS, NATIVE_CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
 NATIVE_FORMAT = "andrea-native-1"
 
 
-class LoadError(RuntimeError):
-    """A run or export that cannot be loaded: one line that names the path."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +44,7 @@ class LoadedModel:
 
     def alphas(self) -> jnp.ndarray:
         """alpha(l, step) for l = 1..L under the run's schedule: what the model ran with at `step`."""
-        return prores.alphas(self.step, self.cfg.model.n_layer, schedule=self.cfg.prores.schedule,
-                             warmup=self.cfg.prores.warmup)
+        return prores.run_alphas(self.cfg, self.step)
 
     def model(self, impl: str | None = None) -> model_lib.Andrea:
         return model_lib.Andrea(self.cfg.model, impl or self.cfg.kernels.impl)
@@ -53,11 +53,8 @@ class LoadedModel:
 def config_from_dict(tree: dict, where: str) -> Config:
     """A validated Config from its `to_dict()` form; unknown keys (from a newer version) are an error."""
     try:
-        sections = {f.name: f.type for f in dataclasses.fields(Config)}
-        kinds = {name: type(getattr(Config(), name)) for name in sections}
-        cfg = Config(**{name: kinds[name](**tree.get(name, {})) for name in sections})
-        return config_lib.validate(cfg)
-    except (TypeError, config_lib.ConfigError) as e:
+        return config_lib.from_dict(tree)
+    except config_lib.ConfigError as e:
         raise LoadError(f"{where}: not a config of this version of andrea_jax ({e})") from None
 
 

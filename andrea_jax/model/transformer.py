@@ -1,5 +1,5 @@
 """ANDREA: a GPT-2-style decoder whose blocks are scaled by ProRes alphas, in any of the paper's
-norm placements (SPEC 2, paper Table 1).
+norm placements (ProRes paper, Table 1).
 
     x = tok_embedding[ids] + pos_embedding[positions]
     for l in 1..L:  x = block_l(x)        # e.g. pre: x + a_l Attn(LN(x)), then x + a_l MLP(LN(x))
@@ -30,111 +30,26 @@ alpha_l * g_l in place of alpha_l (ReZero / SkipInit; with ProRes schedule `none
 The final LayerNorm is kept for every placement: after Post-LN and DeepNorm blocks it is a second
 norm of an already normalised stream, which keeps one parameter tree for all variants.
 
-Partitioning: every parameter carries logical axis names (`LOGICAL_AXES` below; the scan adds
-`layers` in front of the block's), and so do the key activations, through
-`nn.with_logical_constraint`. The names say what a dimension is, not where it goes: the one table
-that maps them to mesh axes is `andrea_jax.sharding.RULES`. Without `nn.logical_axis_rules` in
-context the constraints do nothing, so single-device use (tests, inference, decoding) is
-unaffected. `init` returns plain arrays; `init_boxed` keeps flax's boxes for sharding.py.
+Partitioning: parameters and key activations carry logical axis names (layers.py);
+`init` returns plain arrays, `init_boxed` keeps flax's boxes for andrea_jax.train.sharding.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-import kernels
+from andrea_jax import kernels
 from andrea_jax.config import NORMS, ModelConfig
+from andrea_jax.model import layers
+from andrea_jax.model.layers import (BLOCK_PARAM_AXES, STREAM_BTD, KVCache, constrain, padded_vocab,
+                                     token_matmul)
 
 OUTPUT_PROJECTIONS = ("attn_out_kernel", "mlp_proj_kernel")
-
-# Logical axis names (mapped to mesh axes only in andrea_jax.sharding):
-#   batch, seq: an activation's rows and positions    act_embed: the residual stream's width D
-#   embed: a matrix's D dimension                     heads: attention's D as H heads x K
-#   qkv: the fused [q|k|v] columns (3D)               mlp: the MLP's hidden width F
-#   vocab: the tied embedding's rows                  layers: the scan's stacked layer axis
-LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
-# Names of each block parameter's dimensions (the scan puts `layers` first); the D-sized vectors
-# (LayerNorm gains and biases, biases added to the residual stream) live on the stream's width.
-BLOCK_PARAM_AXES = {"attn_qkv_kernel": ("embed", "qkv"), "attn_qkv_bias": ("qkv",),
-                    "attn_out_kernel": ("heads", "embed"), "attn_out_bias": ("act_embed",),
-                    "mlp_fc_kernel": ("embed", "mlp"), "mlp_fc_bias": ("mlp",),
-                    "mlp_proj_kernel": ("mlp", "embed"), "mlp_proj_bias": ("act_embed",)}
-STREAM_BTD = ("batch", "seq", "act_embed")  # the residual stream, the scan's carry
-
-
-def _constrain(x, names):
-    """Pins x's layout by logical names; a no-op unless axis rules and a mesh are in context."""
-    return nn.with_logical_constraint(x, names)
-
-
-def _token_matmul(x_BTI, w_I_O, **kwargs):
-    """x @ w contracting x's last axis with w's first, the tokens flattened into the rows of one
-    2-D matrix. The same products as on [B, T, I]; but the weight's gradient then contracts one
-    axis (rows) instead of two (batch, seq), and XLA's CPU backend runs that dot on its operands
-    as they lie, where for two axes it first copies the cotangent into a transposed buffer: one
-    copy per projection per layer, and one of the whole logits (issue 10; benchmarks/
-    profile_backward.py shows them)."""
-    *lead, I = x_BTI.shape
-    out = jnp.tensordot(x_BTI.reshape(-1, I), w_I_O, axes=1, **kwargs)
-    return out.reshape(*lead, *w_I_O.shape[1:])
-
-
-VOCAB_ALIGN = 128  # the logits matmul runs over the vocabulary padded to a multiple of this
-
-
-def padded_vocab(vocab_size: int) -> int:
-    return -(-vocab_size // VOCAB_ALIGN) * VOCAB_ALIGN
-
-
-def attention_impl(cfg: ModelConfig) -> tuple[str, str]:
-    """(implementation for jax.nn.dot_product_attention, why): cuDNN flash attention where it can
-    run (a GPU, bf16, head dim a multiple of 8 up to 128), XLA's attention otherwise."""
-    head_dim = cfg.d_model // cfg.n_head
-    if cfg.attention == "xla":
-        return "xla", "model.attention=xla"
-    blockers = [why for bad, why in (
-        (jax.default_backend() != "gpu", f"no GPU (backend {jax.default_backend()})"),
-        (cfg.dtype != "bfloat16", f"model.dtype={cfg.dtype} (cuDNN flash attention needs bfloat16)"),
-        (head_dim % 8 or head_dim > 128, f"head dim {head_dim} (cuDNN needs a multiple of 8, at most 128)"),
-    ) if bad]
-    if blockers:
-        return "xla", f"model.attention={cfg.attention} falls back to xla: " + "; ".join(blockers)
-    return "cudnn", f"model.attention={cfg.attention}: cuDNN flash attention"
-
-
-class KVCache(typing.NamedTuple):
-    """What one cached forward pass needs besides the tokens (see the module docstring)."""
-    k_LBSHK: jnp.ndarray     # keys of every layer, S = model.seq_len slots
-    v_LBSHK: jnp.ndarray
-    index: jnp.ndarray       # int32 scalar: the slot of tokens_BT[:, 0]; slots index .. index+T-1 are written
-    positions_BT: jnp.ndarray  # int32 position of each token (left padding makes them differ per row)
-    valid_BS: jnp.ndarray    # bool: slots that hold real tokens once this call has written its own
-
-
-def empty_cache(cfg: ModelConfig, batch: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Zeroed (k_LBSHK, v_LBSHK) for `batch` rows, in the compute dtype."""
-    shape = (cfg.n_layer, batch, cfg.seq_len, cfg.n_head, cfg.d_model // cfg.n_head)
-    return jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype)
-
-
-def _cached_attention(q_BTHK, k_BTHK, v_BTHK, k_cache_BSHK, v_cache_BSHK, index, valid_BS):
-    """Writes k, v at slots index.., then attends causally over the valid slots of the cache."""
-    k_cache_BSHK = jax.lax.dynamic_update_slice(k_cache_BSHK, k_BTHK.astype(k_cache_BSHK.dtype), (0, index, 0, 0))
-    v_cache_BSHK = jax.lax.dynamic_update_slice(v_cache_BSHK, v_BTHK.astype(v_cache_BSHK.dtype), (0, index, 0, 0))
-    T, S = q_BTHK.shape[1], k_cache_BSHK.shape[1]
-    query_slot_T1 = (index + jnp.arange(T))[:, None]
-    key_slot_1S = jnp.arange(S)[None, :]
-    # A padded query still sees itself, so that no softmax row is empty (its output is never used).
-    mask_BTS = (key_slot_1S <= query_slot_T1) & (valid_BS[:, None, :] | (key_slot_1S == query_slot_T1))
-    o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_cache_BSHK.astype(q_BTHK.dtype),
-                                          v_cache_BSHK.astype(q_BTHK.dtype), mask=mask_BTS[:, None])
-    return o_BTHK, (k_cache_BSHK, v_cache_BSHK)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,9 +172,8 @@ class Block(nn.Module):
         alpha, layer = scanned[:2]
         kv_written = []
         cfg, impl = self.cfg, self.impl
-        D, H = cfg.d_model, cfg.n_head
+        D = cfg.d_model
         F = cfg.mlp_ratio * D
-        dtype = jnp.dtype(cfg.dtype)
         zeros, ones = nn.initializers.zeros, nn.initializers.ones
 
         def matrix(name, shape):
@@ -285,30 +199,13 @@ class Block(nn.Module):
             alpha = alpha * self.param("residual_gate", nn.with_logical_partitioning(zeros, ()), (), jnp.float32)
 
         def attn(y_BTD):
-            B, T, _ = y_BTD.shape
-            y_BTD = y_BTD.astype(dtype)  # the stream is float32; the sublayer computes in dtype
-            # The fused [q|k|v] columns viewed as [3, H, K]: a tensor shard slices its own heads
-            # out of the weight and computes only those, so q, k, v never move between devices.
-            qkv_D3HK = _constrain(qkv_kernel.reshape(D, 3, H, D // H), ("embed", None, "heads", None))
-            qkv_bias_3HK = _constrain(qkv_bias.reshape(3, H, D // H), (None, "heads", None))
-            qkv_BT3HK = _constrain(_token_matmul(y_BTD, qkv_D3HK.astype(dtype))
-                                   + qkv_bias_3HK.astype(dtype), ("batch", "seq", None, "heads", None))
-            q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
-            if decode is None:
-                o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
-                                                      implementation=attention_impl(cfg)[0])
-            else:
-                o_BTHK, kv = _cached_attention(q_BTHK, k_BTHK, v_BTHK, *scanned[2:], *decode)
-                kv_written.append(kv)
-            o_BTHK = _constrain(o_BTHK, ("batch", "seq", "heads", None))
-            return _constrain(_token_matmul(o_BTHK.reshape(B, T, D), out_kernel.astype(dtype))
-                              + out_bias.astype(dtype), STREAM_BTD)
+            out_BTD, kv = layers.attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg,
+                                           None if decode is None else (*scanned[2:], *decode))
+            kv_written.append(kv)
+            return out_BTD
 
         def mlp(y_BTD):
-            y_BTD = y_BTD.astype(dtype)
-            h_BTF = _constrain(_token_matmul(y_BTD, fc_kernel.astype(dtype)), ("batch", "seq", "mlp"))
-            h_BTF = _constrain(kernels.bias_gelu(h_BTF, fc_bias, impl=impl), ("batch", "seq", "mlp"))
-            return _constrain(_token_matmul(h_BTF, proj_kernel.astype(dtype)) + proj_bias.astype(dtype), STREAM_BTD)
+            return layers.mlp(y_BTD, fc_kernel, fc_bias, proj_kernel, proj_bias, cfg, impl)
 
         def norm(name, x):
             return kernels.layer_norm(x, *norms[name], eps=cfg.ln_eps, impl=impl)
@@ -325,8 +222,8 @@ class Block(nn.Module):
         ops = _Ops(attn=attn, mlp=mlp, norm=norm, residual_norm=residual_norm, record=record,
                    layer=layer, n_layer=cfg.n_layer)
         # alpha stays float32 and every add happens on the float32 stream, in the kernels and outside.
-        x_BTD = PLACEMENTS[cfg.norm](_constrain(x_BTD, STREAM_BTD), jnp.asarray(alpha, jnp.float32), ops)
-        x_BTD = _constrain(x_BTD, STREAM_BTD)  # the carry leaves the block in the layout it came in
+        x_BTD = PLACEMENTS[cfg.norm](constrain(x_BTD, STREAM_BTD), jnp.asarray(alpha, jnp.float32), ops)
+        x_BTD = constrain(x_BTD, STREAM_BTD)  # the carry leaves the block in the layout it came in
         if self.diagnostics:
             stats = {**stats, "resid_rms": _rms(x_BTD), "alpha": jnp.asarray(alpha, jnp.float32)}
         else:
@@ -361,8 +258,8 @@ class Andrea(nn.Module):
         positions = pos_embedding_SD[:T] if cache is None else pos_embedding_SD[cache.positions_BT]
         # The lookup reads whole rows: with the table's D split (FSDP) XLA would instead gather
         # every token id and move the looked-up activations; gathering the weight is cheaper.
-        table_VD = _constrain(tok_embedding_VD, ("vocab", None))
-        x_BTD = _constrain((table_VD[tokens_BT] + positions).astype(jnp.float32), STREAM_BTD)
+        table_VD = constrain(tok_embedding_VD, ("vocab", None))
+        x_BTD = constrain((table_VD[tokens_BT] + positions).astype(jnp.float32), STREAM_BTD)
 
         # model.remat: full saves nothing of a block (recomputes it all in the backward pass); dots
         # saves the outputs of the matmuls without batch dimensions (the qkv, output and MLP
@@ -386,14 +283,14 @@ class Andrea(nn.Module):
         y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=self.impl)
         V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
         padded_PD = jnp.pad(tok_embedding_VD, ((0, P - V), (0, 0)))  # zero rows
-        logits_BTP = _token_matmul(y_BTD.astype(dtype), padded_PD.T.astype(dtype),
+        logits_BTP = token_matmul(y_BTD.astype(dtype), padded_PD.T.astype(dtype),
                                    preferred_element_type=jnp.float32)
         if self.padded_logits:  # the loss's layout: padding masked out of the softmax, no slicing
             real_P = jnp.arange(P) < V
             logits_BTV = jnp.where(real_P, logits_BTP, jnp.finfo(jnp.float32).min)
         else:
             logits_BTV = logits_BTP[..., :V]
-        logits_BTV = _constrain(logits_BTV,
+        logits_BTV = constrain(logits_BTV,
                                 ("batch", "seq", "vocab"))
         if cache is not None:
             return logits_BTV, kv_L

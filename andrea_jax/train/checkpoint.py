@@ -18,9 +18,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from andrea_jax.errors import CheckpointError
 
-class CheckpointError(RuntimeError):
-    """No checkpoint can be restored: the message names each one and says why."""
+
 
 
 @dataclasses.dataclass(frozen=True)

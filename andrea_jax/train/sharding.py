@@ -22,9 +22,8 @@ import optax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from andrea_jax import model as model_lib
-from andrea_jax.config import Config, ConfigError, MeshConfig
+from andrea_jax.config import MESH_AXES, Config, ConfigError, MeshConfig, parse_rules  # noqa: F401
 
-MESH_AXES = ("data", "fsdp", "tensor")
 # logical name -> the mesh axes that split it (None: whole on every device). Order matters only
 # where one array has two names that want the same mesh axis: the earlier rule wins.
 RULES: tuple[tuple[str, tuple[str, ...] | str | None], ...] = (
@@ -44,21 +43,6 @@ RULES: tuple[tuple[str, tuple[str, ...] | str | None], ...] = (
 # Logical names whose size a mesh may fail to divide without being refused: the dimension is then
 # left whole. The vocabulary (8449 = 7 x 17 x 71) cannot be padded without changing checkpoints.
 WHOLE_IF_NOT_DIVISIBLE = ("vocab",)
-
-
-def parse_rules(text: str) -> dict[str, tuple[str, ...]]:
-    """`mesh.rules` ("batch=data+fsdp,embed=,vocab=tensor") as {name: mesh axes}; '' = {}."""
-    out = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, axes = (s.strip() for s in item.partition("="))
-        if not sep or name not in model_lib.LOGICAL_AXES:
-            raise ConfigError(f"mesh.rules: {item!r} is not NAME=AXIS[+AXIS] with NAME one of "
-                              f"{', '.join(model_lib.LOGICAL_AXES)}")
-        out[name] = tuple(filter(None, (a.strip() for a in axes.split("+"))))
-        bad = [a for a in out[name] if a not in MESH_AXES]
-        if bad:
-            raise ConfigError(f"mesh.rules: {item!r} names {bad[0]!r}; mesh axes are {', '.join(MESH_AXES)}")
-    return out
 
 
 def _axes(entry) -> tuple[str, ...]:

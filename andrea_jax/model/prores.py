@@ -2,18 +2,14 @@
 
 Block l (1-indexed) computes x + alpha(l, t) * F(...). t is the number of completed optimizer
 updates, so the very first forward pass sees alpha = 0 under every warming schedule. T (`warmup`)
-is the first layer's warmup length in steps. Formulas: SPEC section 2 / paper Table 5.
+is the first layer's warmup length in steps. Formulas: the ProRes paper's Table 5.
 Pure functions of (step, L, T): no flax, no state; jittable with a traced step.
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-SCHEDULES = (
-    "none", "linear", "linear_sqrt", "linear_square", "equal", "reverse",
-    "stagewise_0", "stagewise_L", "stagewise_sqrt_L", "stagewise_sqrt_l",
-    "fix_L", "fix_sqrt_L", "fix_sqrt_l",
-)
+from andrea_jax.config import SCHEDULES, Config  # the names; their formulas are below
 
 
 def _ramp(t, span):
@@ -53,3 +49,9 @@ def alphas(step, num_layers: int, *, schedule: str = "linear", warmup: int = 100
     floor = {"stagewise_0": jnp.zeros_like(l), "stagewise_L": ones / L,
              "stagewise_sqrt_L": ones / jnp.sqrt(float(L)), "stagewise_sqrt_l": 1.0 / jnp.sqrt(l)}[schedule]
     return jnp.clip(floor + (1.0 - floor) * (t - T * (l - 1)) / T, floor, 1.0)
+
+
+def run_alphas(cfg: Config, step) -> jnp.ndarray:
+    """The alphas a run of `cfg` computes with at `step`: the one place training, inference and
+    export turn a config and a step into alphas."""
+    return alphas(step, cfg.model.n_layer, schedule=cfg.prores.schedule, warmup=cfg.prores.warmup)

@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax.data import token_shards, tokenizer as tokenizer_lib
+from andrea_jax.data import shard_writer, token_shards, tokenizer as tokenizer_lib
 
 BATCH_BYTES = 16 << 20    # text per encode_batch call: large enough to keep every core busy
 READ_RECORDS = 512        # records fetched from the dataset per read
@@ -100,10 +100,10 @@ def load_or_tokenize(records: Sequence, tok: Tokenizer, cache_dir: pathlib.Path,
     if not manifest.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         label = {"source": source_name, "split": split, "tokenizer": tok_hash}
-        marker = token_shards.write_shard(folder, token_shards.shard_file(0, 1),
+        marker = shard_writer.write_shard(folder, token_shards.shard_file(0, 1),
                                           encode_stream(tok, iter_texts(records)),
                                           token_dtype(tok.get_vocab_size()), label)
-        token_shards.write_manifest(folder, [marker], **label)  # last: a folder with a manifest is complete
+        shard_writer.write_manifest(folder, [marker], **label)  # last: a folder with a manifest is complete
         print(f"data: tokenized {marker['documents']:,} document(s) of {source_name} ({split}) into "
               f"{marker['tokens']:,} tokens in {folder}", flush=True)
     return token_shards.ShardedTokens.open(folder, expect_tokenizer=tok_hash)

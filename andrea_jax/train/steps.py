@@ -21,7 +21,9 @@ import optax
 from flax.training import train_state
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from andrea_jax import diagnostics as diag_lib, model as model_lib, optim, prores, sharding
+from andrea_jax.train import diagnostics as diag_lib, optim, sharding
+from andrea_jax import model as model_lib
+from andrea_jax.model import prores
 from andrea_jax.config import Config
 
 def cross_entropy(logits_BTV, targets_BT):
@@ -40,8 +42,7 @@ def loss_and_stats(params, model, tokens_BT1, alphas_L):
     return cross_entropy(logits, tokens_BT1[:, 1:]), stats_L
 
 
-def step_alphas(cfg: Config, step):
-    return prores.alphas(step, cfg.model.n_layer, schedule=cfg.prores.schedule, warmup=cfg.prores.warmup)
+step_alphas = prores.run_alphas
 
 
 @functools.lru_cache(maxsize=None)

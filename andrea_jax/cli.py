@@ -1,0 +1,83 @@
+"""Command line: python train.py --config NAME_OR_PATH --workdir DIR [--set section.key=value ...]
+
+Several processes (hosts) train one model when each is started with the same --coordinator and
+--num-processes and its own --process-id (or with --distributed on a cluster that JAX detects,
+such as SLURM). On CPU the processes talk over gloo.
+
+Exit codes: 0 done; 2 the command or config asks for something impossible (fix it and rerun);
+1 the run failed (data, checkpoints, a non-finite loss, a busy workdir); 128 + N stopped by signal
+N (143 SIGTERM, 130 SIGINT) after saving a checkpoint: the run is not finished, rerun the same
+command to continue. Every error is one line on stderr; --debug shows the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from andrea_jax import config as config_lib
+from andrea_jax.errors import AndreaError, ConfigError
+
+
+def start_distributed(args) -> None:
+    import jax
+    # CPU processes need a collectives backend; GPU runs use NCCL and ignore this setting.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if args.coordinator:
+        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id)
+    else:
+        jax.distributed.initialize()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="a name in configs/ or a path to a .py config")
+    parser.add_argument("--workdir", required=True, help="folder for metrics, checkpoints, tokenizer, config")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one config field; repeatable")
+    parser.add_argument("--coordinator", help="HOST:PORT of process 0, for a multi-process run")
+    parser.add_argument("--num-processes", type=int, help="number of processes (with --coordinator)")
+    parser.add_argument("--process-id", type=int, help="this process's index (with --coordinator)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="initialise jax.distributed from the cluster's environment")
+    parser.add_argument("--allow-schedule-change", action="store_true",
+                        help="resume although train.steps or an optim.* setting changed (re-stretches the LR schedule)")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error, not one line")
+    args = parser.parse_args(argv)
+    if args.coordinator and (args.num_processes is None or args.process_id is None):
+        parser.error("--coordinator needs --num-processes and --process-id")
+    if args.debug:
+        return run(args)
+    try:
+        return run(args)
+    except AndreaError as e:  # a config (exit 2), data, workdir, checkpoint or training error
+        return fail(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", e.exit_code)
+    except KeyboardInterrupt:  # before the training loop, or a second SIGINT while the first one's checkpoint saves
+        return fail("error: interrupted", 128 + signal.SIGINT)
+    except Exception as e:
+        return fail(f"error: {type(e).__name__}: {e} (--debug shows where)", 1)
+
+
+def fail(message: str, code: int) -> int:
+    print(" ".join(message.split()), file=sys.stderr)  # one line, whatever the message holds
+    return code
+
+
+def run(args) -> int:
+    cfg = config_lib.validate(config_lib.override(config_lib.load(args.config), args.set))
+    if args.coordinator or args.distributed:
+        start_distributed(args)
+    from andrea_jax.serve import generate
+    from andrea_jax.train import loop, preemption  # after validation: a bad config fails before jax starts work
+    try:
+        loop.train(cfg, args.workdir, allow_schedule_change=args.allow_schedule_change,
+                   at_end=generate.closing_sample)
+    except preemption.Stopped as e:
+        print(e, file=sys.stderr, flush=True)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The layers of a block and their layout: logical axis names, the token matmul, causal
+self-attention (with its KV cache) and the GELU MLP. Pure functions of arrays and parameters;
+the flax modules that own the parameters are in transformer.py.
+
+Partitioning: every parameter carries logical axis names (`LOGICAL_AXES`; the layer scan adds
+`layers` in front of a block's), and so do the key activations, through
+`nn.with_logical_constraint`. The names say what a dimension is, not where it goes: the one table
+that maps them to mesh axes is `andrea_jax.train.sharding.RULES`. Without `nn.logical_axis_rules`
+in context the constraints do nothing, so single-device use (tests, inference, decoding) is
+unaffected.
+"""
+from __future__ import annotations
+
+import typing
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from andrea_jax import kernels
+from andrea_jax.config import ModelConfig
+
+
+# Logical axis names (mapped to mesh axes only in andrea_jax.sharding):
+#   batch, seq: an activation's rows and positions    act_embed: the residual stream's width D
+#   embed: a matrix's D dimension                     heads: attention's D as H heads x K
+#   qkv: the fused [q|k|v] columns (3D)               mlp: the MLP's hidden width F
+#   vocab: the tied embedding's rows                  layers: the scan's stacked layer axis
+LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
+# Names of each block parameter's dimensions (the scan puts `layers` first); the D-sized vectors
+# (LayerNorm gains and biases, biases added to the residual stream) live on the stream's width.
+BLOCK_PARAM_AXES = {"attn_qkv_kernel": ("embed", "qkv"), "attn_qkv_bias": ("qkv",),
+                    "attn_out_kernel": ("heads", "embed"), "attn_out_bias": ("act_embed",),
+                    "mlp_fc_kernel": ("embed", "mlp"), "mlp_fc_bias": ("mlp",),
+                    "mlp_proj_kernel": ("mlp", "embed"), "mlp_proj_bias": ("act_embed",)}
+STREAM_BTD = ("batch", "seq", "act_embed")  # the residual stream, the scan's carry
+
+
+def constrain(x, names):
+    """Pins x's layout by logical names; a no-op unless axis rules and a mesh are in context."""
+    return nn.with_logical_constraint(x, names)
+
+
+def token_matmul(x_BTI, w_I_O, **kwargs):
+    """x @ w contracting x's last axis with w's first, the tokens flattened into the rows of one
+    2-D matrix. The same products as on [B, T, I]; but the weight's gradient then contracts one
+    axis (rows) instead of two (batch, seq), and XLA's CPU backend runs that dot on its operands
+    as they lie, where for two axes it first copies the cotangent into a transposed buffer: one
+    copy per projection per layer, and one of the whole logits (issue 10; benchmarks/
+    profile_backward.py shows them)."""
+    *lead, I = x_BTI.shape
+    out = jnp.tensordot(x_BTI.reshape(-1, I), w_I_O, axes=1, **kwargs)
+    return out.reshape(*lead, *w_I_O.shape[1:])
+
+
+VOCAB_ALIGN = 128  # the logits matmul runs over the vocabulary padded to a multiple of this
+
+
+def padded_vocab(vocab_size: int) -> int:
+    return -(-vocab_size // VOCAB_ALIGN) * VOCAB_ALIGN
+
+
+def attention_impl(cfg: ModelConfig) -> tuple[str, str]:
+    """(implementation for jax.nn.dot_product_attention, why): cuDNN flash attention where it can
+    run (a GPU, bf16, head dim a multiple of 8 up to 128), XLA's attention otherwise."""
+    head_dim = cfg.d_model // cfg.n_head
+    if cfg.attention == "xla":
+        return "xla", "model.attention=xla"
+    blockers = [why for bad, why in (
+        (jax.default_backend() != "gpu", f"no GPU (backend {jax.default_backend()})"),
+        (cfg.dtype != "bfloat16", f"model.dtype={cfg.dtype} (cuDNN flash attention needs bfloat16)"),
+        (head_dim % 8 or head_dim > 128, f"head dim {head_dim} (cuDNN needs a multiple of 8, at most 128)"),
+    ) if bad]
+    if blockers:
+        return "xla", f"model.attention={cfg.attention} falls back to xla: " + "; ".join(blockers)
+    return "cudnn", f"model.attention={cfg.attention}: cuDNN flash attention"
+
+
+class KVCache(typing.NamedTuple):
+    """What one cached forward pass needs besides the tokens (see the module docstring)."""
+    k_LBSHK: jnp.ndarray     # keys of every layer, S = model.seq_len slots
+    v_LBSHK: jnp.ndarray
+    index: jnp.ndarray       # int32 scalar: the slot of tokens_BT[:, 0]; slots index .. index+T-1 are written
+    positions_BT: jnp.ndarray  # int32 position of each token (left padding makes them differ per row)
+    valid_BS: jnp.ndarray    # bool: slots that hold real tokens once this call has written its own
+
+
+def empty_cache(cfg: ModelConfig, batch: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Zeroed (k_LBSHK, v_LBSHK) for `batch` rows, in the compute dtype."""
+    shape = (cfg.n_layer, batch, cfg.seq_len, cfg.n_head, cfg.d_model // cfg.n_head)
+    return jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype)
+
+
+def cached_attention(q_BTHK, k_BTHK, v_BTHK, k_cache_BSHK, v_cache_BSHK, index, valid_BS):
+    """Writes k, v at slots index.., then attends causally over the valid slots of the cache."""
+    k_cache_BSHK = jax.lax.dynamic_update_slice(k_cache_BSHK, k_BTHK.astype(k_cache_BSHK.dtype), (0, index, 0, 0))
+    v_cache_BSHK = jax.lax.dynamic_update_slice(v_cache_BSHK, v_BTHK.astype(v_cache_BSHK.dtype), (0, index, 0, 0))
+    T, S = q_BTHK.shape[1], k_cache_BSHK.shape[1]
+    query_slot_T1 = (index + jnp.arange(T))[:, None]
+    key_slot_1S = jnp.arange(S)[None, :]
+    # A padded query still sees itself, so that no softmax row is empty (its output is never used).
+    mask_BTS = (key_slot_1S <= query_slot_T1) & (valid_BS[:, None, :] | (key_slot_1S == query_slot_T1))
+    o_BTHK = jax.nn.dot_product_attention(q_BTHK, k_cache_BSHK.astype(q_BTHK.dtype),
+                                          v_cache_BSHK.astype(q_BTHK.dtype), mask=mask_BTS[:, None])
+    return o_BTHK, (k_cache_BSHK, v_cache_BSHK)
+
+
+def attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg: ModelConfig, cache=None):
+    """Causal multi-head self-attention of the fused [q|k|v] projection, computed in cfg.dtype.
+    cache: None, or (k_cache_BSHK, v_cache_BSHK, index, valid_BS); then returns (out, (k, v))
+    with the cache slices updated, else (out, None)."""
+    B, T, D = y_BTD.shape
+    H, dtype = cfg.n_head, jnp.dtype(cfg.dtype)
+    y_BTD = y_BTD.astype(dtype)  # the stream is float32; the sublayer computes in dtype
+    # The fused [q|k|v] columns viewed as [3, H, K]: a tensor shard slices its own heads
+    # out of the weight and computes only those, so q, k, v never move between devices.
+    qkv_D3HK = constrain(qkv_kernel.reshape(D, 3, H, D // H), ("embed", None, "heads", None))
+    qkv_bias_3HK = constrain(qkv_bias.reshape(3, H, D // H), (None, "heads", None))
+    qkv_BT3HK = constrain(token_matmul(y_BTD, qkv_D3HK.astype(dtype))
+                          + qkv_bias_3HK.astype(dtype), ("batch", "seq", None, "heads", None))
+    q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
+    if cache is None:
+        o_BTHK, kv = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
+                                                  implementation=attention_impl(cfg)[0]), None
+    else:
+        o_BTHK, kv = cached_attention(q_BTHK, k_BTHK, v_BTHK, *cache)
+    o_BTHK = constrain(o_BTHK, ("batch", "seq", "heads", None))
+    out_BTD = constrain(token_matmul(o_BTHK.reshape(B, T, D), out_kernel.astype(dtype))
+                        + out_bias.astype(dtype), STREAM_BTD)
+    return out_BTD, kv
+
+
+def mlp(y_BTD, fc_kernel, fc_bias, proj_kernel, proj_bias, cfg: ModelConfig, impl: str):
+    """proj(GELU(fc(y))), the bias and GELU fused in one kernel, computed in cfg.dtype."""
+    dtype = jnp.dtype(cfg.dtype)
+    h_BTF = constrain(token_matmul(y_BTD.astype(dtype), fc_kernel.astype(dtype)), ("batch", "seq", "mlp"))
+    h_BTF = constrain(kernels.bias_gelu(h_BTF, fc_bias, impl=impl), ("batch", "seq", "mlp"))
+    return constrain(token_matmul(h_BTF, proj_kernel.astype(dtype)) + proj_bias.astype(dtype), STREAM_BTD)

@@ -1,0 +1,72 @@
+"""Where metric lines go: WORKDIR/metrics.jsonl, TensorBoard, and the per-step losses.
+
+Written by process 0 only. On a resumed run the lines and losses of steps after the restored
+checkpoint are dropped, so the files read as one uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+
+from andrea_jax.config import Config
+from andrea_jax.workdir import Workdir
+
+
+def metric_line(step: int, metrics) -> dict:
+    """Host values of one step's metrics: floats, and lists of floats for per-layer arrays."""
+    host = jax.device_get(metrics)
+    return {"step": step, **{k: float(v) if np.ndim(v) == 0 else [float(x) for x in np.ravel(v)]
+                             for k, v in host.items()}}
+
+
+def _tensorboard(cfg: Config, run_dir: Workdir):
+    if not cfg.diagnostics.tensorboard or jax.process_index() != 0:
+        return None
+    from tensorboardX import SummaryWriter  # imported only when used: it is slow to import
+    return SummaryWriter(str(run_dir.tensorboard))
+
+
+def write_tensorboard(writer, line: dict) -> None:
+    """Scalars under their names; per-layer lists as NAME/layer_LLL (1-based) plus NAME/max."""
+    step = line["step"]
+    for key, value in line.items():
+        if key == "step":
+            continue
+        if isinstance(value, list):
+            for l, v in enumerate(value, start=1):
+                writer.add_scalar(f"{key}/layer_{l:03d}", v, step)
+            writer.add_scalar(f"{key}/max", max(value), step)
+        else:
+            writer.add_scalar(key, value, step)
+
+
+class MetricsLog:
+    """metrics.jsonl, TensorBoard and `step_losses` (every step's loss, aligned with its step)."""
+
+    def __init__(self, cfg: Config, run_dir: Workdir, start_step: int, step_losses: list[float]):
+        self.active = jax.process_index() == 0
+        self.lines_path, self.losses_path = run_dir.metrics, run_dir.step_losses
+        kept, self.step_losses = [], list(step_losses)  # the restored checkpoint's: aligned with its step
+        if start_step and self.active and self.lines_path.exists():
+            kept = [l for l in self.lines_path.read_text().splitlines()
+                    if l.strip() and json.loads(l)["step"] <= start_step]
+        self.file = self.lines_path.open("w") if self.active else None
+        if self.file:
+            self.file.writelines(l + "\n" for l in kept)
+        self.writer = _tensorboard(cfg, run_dir)
+
+    def write(self, line: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(line) + "\n")
+            self.file.flush()
+        if self.writer is not None:
+            write_tensorboard(self.writer, line)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+            np.save(self.losses_path, np.asarray(self.step_losses, np.float32))
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,97 @@
+"""The house rules of the layout (issue 17), checked on the source so they cannot drift: no import
+circle among the project's modules, no module over 400 lines, no function over 80 lines, and
+nothing installed at the top level of site-packages but the project's package."""
+import ast
+import pathlib
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Folders whose modules are installed as andrea_jax.<folder> (pyproject.toml's package-dir).
+SOURCES = {"andrea_jax": "andrea_jax", "kernels": "andrea_jax.kernels", "configs": "andrea_jax.configs"}
+
+
+def modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for folder, package in SOURCES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def import_graph(mods) -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in its code (function bodies included):
+    `from pkg import sub` depends on the submodule `sub`, not on all of `pkg`."""
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("andrea_jax"):
+                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods]
+                deps.update(subs if len(subs) == len(node.names) else [*subs, node.module])
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("andrea_jax"))
+        graph[name] = {d for d in deps if d in mods and d != name}
+    return graph
+
+
+def find_cycle(graph) -> list[str] | None:
+    state, path = {}, []
+
+    def visit(u):
+        state[u] = "open"
+        path.append(u)
+        for v in sorted(graph[u]):
+            if state.get(v) == "open":
+                return path[path.index(v):] + [v]
+            if v not in state and (cycle := visit(v)):
+                return cycle
+        path.pop()
+        state[u] = "done"
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_circle():
+    graph = import_graph(modules())
+    assert {"andrea_jax.config", "andrea_jax.model.transformer", "andrea_jax.kernels"} <= set(graph)
+    assert "andrea_jax.model.layers" in graph["andrea_jax.model.transformer"]  # the graph sees imports
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_config_imports_nothing_of_the_project_but_its_error():
+    assert import_graph(modules())["andrea_jax.config"] <= {"andrea_jax.errors"}
+
+
+def test_no_module_over_400_lines_and_no_function_over_80():
+    long_modules, long_functions = [], []
+    for name, path in modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > 400:
+            long_modules.append(f"{path.relative_to(ROOT)} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > 80:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    assert not long_modules and not long_functions, long_modules + long_functions
+
+
+def test_only_the_project_package_is_installed_at_the_top_level():
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert all(p == "andrea_jax" or p.startswith("andrea_jax.") for p in setup["packages"]), setup["packages"]
+    assert setup["package-dir"] == {"andrea_jax.kernels": "kernels", "andrea_jax.configs": "configs"}
+    # every package folder is listed, so nothing is left out of the install either
+    listed = set(setup["packages"])
+    assert {n for n, p in modules().items() if p.name == "__init__.py"} <= listed
