@@ -22,7 +22,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
+
 from andrea_jax.errors import PlotError  # noqa: E402
+from andrea_jax.workdir import Workdir  # noqa: E402
 
 
 
@@ -30,13 +32,13 @@ from andrea_jax.errors import PlotError  # noqa: E402
 def load_run(workdir) -> dict:
     """{'label', 'lines', 'config'} of one workdir (config is {} when config.json is absent)."""
     workdir = pathlib.Path(workdir)
-    path = workdir / "metrics.jsonl"
+    path = Workdir(workdir).metrics
     if not path.is_file():
         raise PlotError(f"{workdir} has no metrics.jsonl: is it the workdir of a training run?")
     lines = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
     if not lines:
         raise PlotError(f"{path} is empty")
-    config_path = workdir / "config.json"
+    config_path = Workdir(workdir).config
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     return {"label": workdir.name, "lines": lines, "config": config, "workdir": workdir}
 

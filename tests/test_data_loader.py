@@ -59,12 +59,11 @@ def test_restoring_the_state_continues_with_the_identical_next_batch(tmp_path):
     it = loader.train_iterator(batches(8, seed=1))
     for _ in range(6):
         next(it)
-    loader.save_state(it, tmp_path / "state.json", fingerprint)
-    json.loads((tmp_path / "state.json").read_text())  # plain JSON
+    saved = json.loads(json.dumps(loader.get_state(it, fingerprint)))  # plain JSON, as checkpoints hold it
     expected = [next(it) for _ in range(5)]
 
     again = loader.train_iterator(batches(8, seed=1))
-    loader.restore_state(again, tmp_path / "state.json", fingerprint)
+    loader.set_state(again, saved, fingerprint)
     for want in expected:
         np.testing.assert_array_equal(next(again), want)
 
@@ -74,7 +73,7 @@ def test_restoring_the_state_continues_with_the_identical_next_batch(tmp_path):
         shares = [loader.train_iterator(batches(8, seed=1, process_index=p, process_count=count))
                   for p in range(count)]
         for share in shares:
-            loader.restore_state(share, tmp_path / "state.json", fingerprint)
+            loader.set_state(share, saved, fingerprint)
         for want in expected:
             np.testing.assert_array_equal(np.concatenate([next(s) for s in shares]), want)
 
@@ -83,13 +82,13 @@ def test_a_state_from_other_data_or_batching_is_refused_by_name(tmp_path):
     saved = loader.state_fingerprint(tokens_key="k", n_tokens=N_TOKENS, seq_len=T, global_batch=8, seed=1)
     it = loader.train_iterator(batches(8, seed=1))
     next(it)
-    loader.save_state(it, tmp_path / "state.json", saved)
+    state = json.loads(json.dumps(loader.get_state(it, saved)))
     now = dict(saved, global_batch=16)
     with pytest.raises(DataError,
-                       match=r"state\.json belongs to other data or batching \(global_batch: saved 8, now 16\)"):
-        loader.restore_state(loader.train_iterator(batches(16, seed=1)), tmp_path / "state.json", now)
-    with pytest.raises(DataError, match="missing.json does not exist"):
-        loader.restore_state(it, tmp_path / "missing.json", saved)
+                       match=r"checkpoint 7 belongs to other data or batching \(global_batch: saved 8, now 16\)"):
+        loader.set_state(loader.train_iterator(batches(16, seed=1)), state, now, where="checkpoint 7")
+    with pytest.raises(DataError, match="checkpoint 7 is not a loader state of format"):
+        loader.set_state(it, {"grain": state["grain"]}, saved, where="checkpoint 7")
 
 
 def test_validation_batches_are_fixed_windows_in_order_split_per_process():

@@ -4,6 +4,7 @@ import json
 import sys
 
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
 
@@ -186,7 +187,8 @@ def test_training_from_a_local_folder_through_train_py(tmp_path, cache, capsys):
     assert tok_lib.load(tmp_path / "run" / "tokenizer.json").get_vocab_size() == 300
 
     # The run's last checkpoint holds the loader's state: restoring it gives the batch step 5 would read.
-    state = checkpoint.read_data_state(tmp_path / "run")
+    with checkpoint.manager(tmp_path / "run", max_to_keep=10) as mngr:
+        state = mngr.restore(mngr.latest_step(), args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
     assert state["grain"] == {"next_index": 4}
     cfg = config_lib.override(config_lib.load("tiny"), [a for a in argv[4:] if a != "--set"])
     _, fresh, _ = pipeline.build(cfg)

@@ -20,6 +20,7 @@ from andrea_jax import config as config_lib
 from andrea_jax.errors import TrainingError
 from andrea_jax.serve import load
 from andrea_jax.train import loop as trainer, preemption
+from andrea_jax.workdir import Workdir
 from test_multihost import ROOT, metric_lines
 
 TOY = ["train.eval_batches=1", "train.batch_size=4", "train.sample_tokens=0", "model.n_layer=2",
@@ -194,7 +195,7 @@ def test_non_finite_loss_is_reported_never_checkpointed_and_skipping_may_be_swit
         trainer.train(cfg, tmp_path, show_progress=False)  # seen at step 4, the next checkpoint
     losses = np.load(tmp_path / "step_losses.npy")
     assert np.all(np.isfinite(losses[:2])) and not np.isfinite(losses[2])
-    assert load.checkpoint_steps(tmp_path) == [2]
+    assert Workdir(tmp_path).checkpoint_steps() == [2]
     params = load.load(workdir=tmp_path).params
     assert all(np.all(np.isfinite(np.asarray(p))) for p in jax.tree.leaves(params))
 
@@ -206,7 +207,7 @@ def test_non_finite_loss_is_reported_never_checkpointed_and_skipping_may_be_swit
     lines = trainer.train(skipping, tmp_path, show_progress=False)
     assert [l["step"] for l in lines] == [3, 4, 5, 6, 7, 8]
     assert [l["skipped_updates"] for l in lines] == [1, 2, 3, 4, 5, 6]
-    assert load.checkpoint_steps(tmp_path)[-1] == 8
+    assert Workdir(tmp_path).checkpoint_steps()[-1] == 8
     after = load.load(workdir=tmp_path).params  # no update was applied after step 2
     for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -222,7 +223,7 @@ def test_parameters_that_are_not_finite_are_never_checkpointed(tmp_path, tok_pat
         trainer.train(cfg, tmp_path, show_progress=False)
     losses = np.load(tmp_path / "step_losses.npy")
     assert len(losses) == 1 and np.isfinite(losses[0])  # the loss check had nothing to report
-    assert load.checkpoint_steps(tmp_path) == []
+    assert Workdir(tmp_path).checkpoint_steps() == []
 
 
 def slow_save_command(workdir, settings):
@@ -252,7 +253,7 @@ def test_sigint_checkpoints_and_exits_130(tmp_path, tok_path):
     step = int(stopped.split("after step ")[1].split(":")[0])
     assert stopped == (f"stopped by SIGINT after step {step}: checkpoint {tmp_path / 'run' / 'checkpoints' / str(step)} "
                        f"saved; run the same command to continue")
-    assert 5 <= step < 100 and load.checkpoint_steps(tmp_path / "run") == [step]  # not a checkpoint step: the signal's
+    assert 5 <= step < 100 and Workdir(tmp_path / "run").checkpoint_steps() == [step]  # not a checkpoint step: the signal's
     assert len(np.load(tmp_path / "run" / "step_losses.npy")) == step
 
 
@@ -278,7 +279,7 @@ def test_a_second_sigint_stops_at_once_without_the_checkpoint(tmp_path, tok_path
     assert proc.returncode == 130, out[-3000:]
     assert "SIGINT: stopping after this step" in out
     assert out.strip().splitlines()[-1] == "error: interrupted"
-    assert "stopped by SIGINT" not in out and load.checkpoint_steps(workdir) == []
+    assert "stopped by SIGINT" not in out and Workdir(workdir).checkpoint_steps() == []
 
 
 def test_a_second_signal_gets_the_handler_that_was_installed_before():
@@ -306,4 +307,4 @@ def test_skip_nonfinite_counts_skipped_updates_and_goes_on_until_stuck(tmp_path,
     lines = metric_lines(tmp_path)
     assert [l["step"] for l in lines] == [1, 2, 3, 4]  # went on after the first non-finite loss
     assert [l["skipped_updates"] for l in lines] == [0, 0, 1, 2]
-    assert load.checkpoint_steps(tmp_path) == [2, 4]  # saved while skipping: parameters untouched
+    assert Workdir(tmp_path).checkpoint_steps() == [2, 4]  # saved while skipping: parameters untouched

@@ -10,7 +10,7 @@ from andrea_jax.data import pipeline, tokenizer as tok_lib
 @pytest.fixture(scope="module")
 def shakespeare_tok(tmp_path_factory):
     text = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
-    return tok_lib.load_or_train(text, 8449, tmp_path_factory.mktemp("cache"))
+    return tok_lib.load_or_train_at(tmp_path_factory.mktemp("cache") / "tokenizer.json", [text], 8449)
 
 
 def test_vocab_is_256_bytes_8192_merges_and_end_of_text(shakespeare_tok):
@@ -49,9 +49,9 @@ def test_end_of_text_is_one_token_with_the_same_id_on_any_corpus(shakespeare_tok
 
 def test_cache_returns_the_same_tokenizer(tmp_path):
     text = pipeline.read_text(pipeline.EMBEDDED_CORPUS)[:200_000]
-    first = tok_lib.load_or_train(text, 1000, tmp_path)
-    assert len(list(tmp_path.glob("tokenizer-*.json"))) == 1
-    second = tok_lib.load_or_train(text, 1000, tmp_path)
+    first = tok_lib.load_or_train_at(tmp_path / "tokenizer.json", [text], 1000)
+    assert [p.name for p in tmp_path.iterdir()] == ["tokenizer.json"]  # saved whole, no temporary left
+    second = tok_lib.load_or_train_at(tmp_path / "tokenizer.json", iter(()), 1000)  # read, not retrained
     assert first.to_str() == second.to_str()
 
 

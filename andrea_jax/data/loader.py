@@ -17,9 +17,6 @@ onto any process count that divides the same global batch (see `state_fingerprin
 """
 from __future__ import annotations
 
-import json
-import os
-import pathlib
 
 import grain
 import numpy as np
@@ -103,21 +100,3 @@ def set_state(iterator, state: dict, fingerprint: dict, where: str = "the saved 
                          for k, v in fingerprint.items() if state.get("data", {}).get(k) != v)
         raise DataError(f"{where} belongs to other data or batching ({diff}); the loader cannot continue there")
     iterator.set_state(state["grain"])
-
-
-def save_state(iterator, path: str | os.PathLike, fingerprint: dict) -> None:
-    path = pathlib.Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(get_state(iterator, fingerprint)))
-    os.replace(tmp, path)
-
-
-def restore_state(iterator, path: str | os.PathLike, fingerprint: dict) -> None:
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise DataError(f"data state file {path} does not exist")
-    try:
-        state = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"data state file {path} is not valid JSON ({e.msg})") from None
-    set_state(iterator, state, fingerprint, where=f"data state file {path}")

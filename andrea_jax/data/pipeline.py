@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from andrea_jax.data import loader, tokenize, sampling, sources, streaming, token_shards, tokenizer as tokenizer_lib
 from andrea_jax.errors import DataError
+from andrea_jax.workdir import Workdir
 
 EMBEDDED_CORPUS = sources.EMBEDDED_CORPUS
 TOKENIZER_SAMPLE_CHARS = 64 << 20   # default data.tokenizer_sample_mb: a trained tokenizer's uniform sample
@@ -202,7 +203,7 @@ def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None
             docs, corpus.tokenizer.to_str(), seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size,
             seed=t_cfg.seed, process_index=index, process_count=count, workers=cfg.data.stream_workers))
     if workdir is not None:
-        corpus.tokenizer.save(str(pathlib.Path(workdir) / "tokenizer.json"))
+        corpus.tokenizer.save(str(Workdir(workdir).tokenizer))
     val = loader.val_batches(corpus.val_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size,
                              max_batches=t_cfg.eval_batches, process_index=index, process_count=count)
     return corpus, batches, val

@@ -6,7 +6,6 @@ the vocabulary size, and saved with each run. Byte-level pre-tokenization and de
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
 from typing import Iterable
@@ -36,16 +35,6 @@ def train(texts: Iterable[str], vocab_size: int = 8449) -> Tokenizer:
             f"the corpus yields only {tok.get_vocab_size() - 257} BPE merges; a vocabulary of "
             f"{vocab_size} needs {vocab_size - 257}: use a larger corpus or a smaller model.vocab_size")
     return tok
-
-
-def corpus_key(text: str, vocab_size: int) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16] + f"-v{vocab_size}"
-
-
-def load_or_train(text: str, vocab_size: int, cache_dir: pathlib.Path | None = None) -> Tokenizer:
-    """The tokenizer trained on `text`, from the cache when it was trained before."""
-    cache_dir = pathlib.Path(cache_dir or default_cache_dir())
-    return load_or_train_at(cache_dir / f"tokenizer-{corpus_key(text, vocab_size)}.json", [text], vocab_size)
 
 
 def load_or_train_at(path: pathlib.Path, texts: Iterable[str], vocab_size: int) -> Tokenizer:

@@ -16,6 +16,7 @@ import platform
 import numpy as np
 
 from andrea_jax.repro import experiments, figures, stats, summarize, tables
+from andrea_jax.workdir import Workdir
 
 # Nats below the unigram plateau: stuck Post-LN runs sat within 0.1 of it, trained ones 1+ below.
 ESCAPE_MARGIN = 0.5
@@ -26,7 +27,7 @@ def unigram_plateau(workdir: pathlib.Path, val_fraction: float = 0.05) -> dict:
     """The unigram cross-entropy of the run's validation tokens, tokenized with the run's own
     tokenizer (the embedded corpus, one document, end-of-text id 0 after it, as the pipeline does)."""
     from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(workdir / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(Workdir(workdir).tokenizer))
     ids = tok.encode(CORPUS.read_text()).ids + [0]
     n_val = int(len(ids) * val_fraction)
     return stats.unigram_cross_entropy(ids[: len(ids) - n_val], ids[len(ids) - n_val:], tok.get_vocab_size())
@@ -67,7 +68,7 @@ def summarize_experiment(exp, runs_dir: pathlib.Path) -> dict | None:
     arms = [a for a in exp.arms if a in meta["arms"]]
     per_run = {f"{a}_s{s}": summarize.run_summary(runs_dir / f"{a}_s{s}")
                for s in meta["seeds"] for a in arms}
-    tokenized = next((runs_dir / n for n in per_run if (runs_dir / n / "tokenizer.json").is_file()), None)
+    tokenized = next((runs_dir / n for n in per_run if Workdir(runs_dir / n).tokenizer.is_file()), None)
     plateau = unigram_plateau(tokenized) if tokenized and exp.config.startswith("depth:family=tiny") else None
     by_seed = lambda arm, key: {s: per_run[f"{arm}_s{s}"][key] for s in meta["seeds"]}
     arm_stats = {}
@@ -94,8 +95,8 @@ def summarize_experiment(exp, runs_dir: pathlib.Path) -> dict | None:
         steps, ratio = summarize.grad_ratio_curve(runs_dir / "precheck" / f"{arm}_s0")
         if len(steps):
             precheck[arm] = {"steps": steps.tolist(), "grad_ratio": [float(r) for r in ratio]}
-    cfg = next((json.loads((runs_dir / n / "config.json").read_text()) for n in per_run
-                if (runs_dir / n / "config.json").is_file()), None)
+    cfg = next((json.loads(Workdir(runs_dir / n).config.read_text()) for n in per_run
+                if Workdir(runs_dir / n).config.is_file()), None)
     shape = {"n_layer": cfg["model"]["n_layer"], "steps": cfg["train"]["steps"],
              "prores_warmup": cfg["prores"]["warmup"], "adam_horizon": 1.0 / (1.0 - cfg["optim"]["b2"])} if cfg else {}
     wall = runs_dir / "wall.json"

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from andrea_jax.workdir import Workdir
 
 CODE = ("andrea_jax", "kernels", "configs", "train.py", "pyproject.toml")
 
@@ -63,7 +64,7 @@ def outcome(workdir: pathlib.Path, command: list) -> str | None:
 
 
 def _classify(workdir: pathlib.Path, returncode: int, steps: int) -> str:
-    metrics = workdir / "metrics.jsonl"
+    metrics = Workdir(workdir).metrics
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
     last = json.loads(lines[-1]) if lines else {}
     if returncode == 0 and last.get("step") == steps and "val_loss" in last:

@@ -6,10 +6,11 @@ import math
 import pathlib
 
 import numpy as np
+from andrea_jax.workdir import Workdir
 
 
 def read_lines(workdir: pathlib.Path) -> list:
-    path = pathlib.Path(workdir) / "metrics.jsonl"
+    path = Workdir(workdir).metrics
     if not path.is_file():
         return []
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]

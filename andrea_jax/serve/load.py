@@ -27,6 +27,7 @@ from andrea_jax.model import prores
 from andrea_jax.train import sharding
 from andrea_jax.config import Config
 from andrea_jax.errors import LoadError
+from andrea_jax.workdir import Workdir
 
 NATIVE_WEIGHTS, NATIVE_CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
 NATIVE_FORMAT = "andrea-native-1"
@@ -77,14 +78,6 @@ def _restore_params(step_dir: pathlib.Path, cfg: Config):
     return restored["params"]
 
 
-def checkpoint_steps(workdir: pathlib.Path) -> list[int]:
-    """Steps of the complete checkpoints in workdir, oldest first (orbax renames a folder when done)."""
-    root = workdir / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
-
-
 def _read_json(json_path: pathlib.Path, companions, what: str) -> dict:
     """json_path parsed, once it and its companion files are known to exist (else: `what`)."""
     for path in (json_path, *companions):
@@ -100,18 +93,19 @@ def load_workdir(workdir, step: int | None = None) -> LoadedModel:
     workdir = pathlib.Path(workdir)
     if not workdir.is_dir():
         raise LoadError(f"{workdir}: no such run folder")
-    cfg_path, tok_path = workdir / "config.json", workdir / TOKENIZER
+    run = Workdir(workdir)
+    cfg_path, tok_path = run.config, run.tokenizer
     cfg = config_from_dict(_read_json(cfg_path, [tok_path], f"{workdir} is not a training run's workdir"),
                            str(cfg_path))
-    steps = checkpoint_steps(workdir)
+    steps = run.checkpoint_steps()
     if not steps:
-        raise LoadError(f"{workdir / 'checkpoints'}: no checkpoint to load (train with train.checkpoint_every > 0)")
+        raise LoadError(f"{run.checkpoints}: no checkpoint to load (train with train.checkpoint_every > 0)")
     if step is None:
         step = steps[-1]
     elif step not in steps:
-        raise LoadError(f"{workdir / 'checkpoints' / str(step)}: no such checkpoint; steps kept: "
+        raise LoadError(f"{run.checkpoints / str(step)}: no such checkpoint; steps kept: "
                         f"{', '.join(map(str, steps))}")
-    step_dir = workdir / "checkpoints" / str(step)
+    step_dir = run.checkpoints / str(step)
     try:
         params = _restore_params(step_dir.resolve(), cfg)  # orbax wants an absolute path
     except Exception as e:  # orbax / tensorstore raise many types; all mean the same to the user

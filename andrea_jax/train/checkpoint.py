@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from andrea_jax.errors import CheckpointError
+from andrea_jax.workdir import Workdir
 
 
 
@@ -33,7 +34,7 @@ class Restored:
 
 
 def manager(workdir: str | pathlib.Path, *, max_to_keep: int) -> ocp.CheckpointManager:
-    directory = pathlib.Path(workdir).resolve() / "checkpoints"
+    directory = Workdir(pathlib.Path(workdir).resolve()).checkpoints
     return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True))
 
@@ -97,12 +98,3 @@ def restore_newest_readable(mngr: ocp.CheckpointManager, target_state) -> Restor
         raise CheckpointError(f"no checkpoint of {mngr.directory} can be restored: {'; '.join(unreadable)}; "
                               f"they are left as they are: move them away to start afresh, or use another workdir")
     return None
-
-
-def read_data_state(workdir: str | pathlib.Path, step: int | None = None) -> dict:
-    """The data loader's position saved with checkpoint `step` (default: the newest)."""
-    with manager(workdir, max_to_keep=1 << 30) as mngr:
-        step = mngr.latest_step() if step is None else step
-        if step is None:
-            raise CheckpointError(f"{mngr.directory} holds no checkpoint")
-        return mngr.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
