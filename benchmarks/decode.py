@@ -37,7 +37,7 @@ def full_recompute_tokens(cfg, params, alphas_L, prompt_ids, num_tokens):
 
     @jax.jit
     def next_token(window_S, last):
-        logits = model.apply({"params": params}, window_S[None], alphas_L)[0, last].astype(jnp.float32)
+        logits = model.apply({"params": params}, window_S[None], alphas_L).logits[0, last].astype(jnp.float32)
         return jnp.argmax(logits)
 
     ids = list(prompt_ids)

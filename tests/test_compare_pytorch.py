@@ -32,7 +32,7 @@ def test_torch_model_computes_our_logits_at_equal_weights():
     params = jax.tree.unflatten(tree, [0.3 * jax.random.normal(k, p.shape) for k, p in zip(keys, leaves)])
     tokens_BT1 = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (3, cfg.model.seq_len + 1), dtype=np.int32)
 
-    ours = model_lib.Andrea(cfg.model).apply({"params": params}, tokens_BT1[:, :-1], np.ones(2, np.float32))
+    ours = model_lib.Andrea(cfg.model).apply({"params": params}, tokens_BT1[:, :-1], np.ones(2, np.float32)).logits
     net = compare.TorchGPT(cfg.model)
     compare.load_params(net, params)
     with torch.no_grad():

@@ -33,14 +33,15 @@ def test_scan_statistics_equal_an_unscanned_loop(norm, gates):
     params = perturbed_params(cfg)
     tokens = jax.random.randint(jax.random.key(2), (2, 12), 0, cfg.vocab_size)
     alphas = jnp.array([0.1, 1.0, 0.6, 0.35])
-    logits, stats = jax.jit(model_lib.Andrea(cfg, diagnostics=True).apply)({"params": params}, tokens, alphas)
+    logits, stats, kv = jax.jit(model_lib.Andrea(cfg, diagnostics=True).apply)({"params": params}, tokens, alphas)
+    assert kv is None  # no cache asked for
     want_logits, want = jax.jit(ref.forward, static_argnums=(0, 4))(norm, params, tokens, alphas, cfg.n_head)
     # float32, the same math in another order (unscanned loop): measured max |diff| 8.3e-7 on
     # logits of order 1.
     np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
     # Asking for diagnostics does not change the forward pass (two compilations of the same math:
     # measured max |diff| 4.8e-7).
-    np.testing.assert_allclose(logits, model_lib.Andrea(cfg).apply({"params": params}, tokens, alphas),
+    np.testing.assert_allclose(logits, model_lib.Andrea(cfg).apply({"params": params}, tokens, alphas).logits,
                                rtol=1e-6, atol=1e-6)
     for key in ("resid_rms", "attn_ratio", "mlp_ratio"):
         assert stats[key].shape == (cfg.n_layer,), key

@@ -38,7 +38,7 @@ def logprobs_of(loaded, ids):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(model, params, tokens_BT, alphas_L):
-    return model.apply({"params": params}, tokens_BT, alphas_L)
+    return model.apply({"params": params}, tokens_BT, alphas_L).logits
 
 
 def continuation_ll(loaded, context, continuation):

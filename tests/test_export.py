@@ -36,7 +36,7 @@ def hf_export(trained_run, tmp_path_factory):
 
 def jax_logits(loaded, tokens, alphas=None):
     alphas = loaded.alphas() if alphas is None else alphas
-    return np.array(loaded.model("xla").apply({"params": loaded.params}, jnp.asarray(tokens), alphas))
+    return np.array(loaded.model("xla").apply({"params": loaded.params}, jnp.asarray(tokens), alphas).logits)
 
 
 def hf_model(folder):
@@ -89,7 +89,7 @@ def greedy_forward(loaded, prompt, n, eot=0):
     The window is padded to seq_len (causal: padding after the last token changes nothing), so
     one compilation serves every step."""
     S, model = loaded.cfg.model.seq_len, loaded.model("xla")
-    forward = jax.jit(lambda window: model.apply({"params": loaded.params}, window[None], loaded.alphas())[0])
+    forward = jax.jit(lambda window: model.apply({"params": loaded.params}, window[None], loaded.alphas()).logits[0])
     ids = list(prompt)
     for _ in range(n):
         logits = np.array(forward(jnp.asarray(ids + [0] * (S - len(ids)), jnp.int32))[len(ids) - 1])

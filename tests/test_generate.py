@@ -32,13 +32,13 @@ def cached_logits(model, params, tokens_BT, alphas, prefill_len):
     k, v = model_lib.empty_cache(model.cfg, B)
     valid = jnp.zeros((B, model.cfg.seq_len), bool).at[:, :prefill_len].set(True)
     positions = jnp.broadcast_to(jnp.arange(prefill_len), (B, prefill_len))
-    logits, (k, v) = model.apply({"params": params}, tokens_BT[:, :prefill_len], alphas,
-                                 cache=model_lib.KVCache(k, v, 0, positions, valid))
+    logits, _, (k, v) = model.apply({"params": params}, tokens_BT[:, :prefill_len], alphas,
+                                    cache=model_lib.KVCache(k, v, 0, positions, valid))
     out = [logits]
     for t in range(prefill_len, T):
         valid = valid.at[:, t].set(True)
-        logits, (k, v) = model.apply({"params": params}, tokens_BT[:, t:t + 1], alphas,
-                                     cache=model_lib.KVCache(k, v, t, jnp.full((B, 1), t), valid))
+        logits, _, (k, v) = model.apply({"params": params}, tokens_BT[:, t:t + 1], alphas,
+                                        cache=model_lib.KVCache(k, v, t, jnp.full((B, 1), t), valid))
         out.append(logits)
     return jnp.concatenate(out, axis=1)
 
@@ -49,7 +49,7 @@ def test_cached_decoding_equals_full_forward_at_every_position(norm, gates):
     model = model_lib.Andrea(cfg)
     params = perturbed_params(cfg)
     tokens = jax.random.randint(jax.random.key(7), (2, 14), 0, cfg.vocab_size)
-    full = model.apply({"params": params}, tokens, ALPHAS)
+    full = model.apply({"params": params}, tokens, ALPHAS).logits
     cached = cached_logits(model, params, tokens, ALPHAS, prefill_len=5)
     assert full.shape == cached.shape
     # measured max abs diff: 2.9e-6 pre, 5.5e-6 post, 2.4e-6 sandwich, 3.6e-6 deepnorm, 2.9e-6 lns,
@@ -69,7 +69,7 @@ def greedy_full_recompute(loaded, prompt, n):
     """The reference: re-run the whole sequence for every new token, take the argmax."""
     model, ids = loaded.model(), list(prompt)
     for _ in range(n):
-        logits = model.apply({"params": loaded.params}, jnp.asarray([ids]), loaded.alphas())
+        logits = model.apply({"params": loaded.params}, jnp.asarray([ids]), loaded.alphas()).logits
         ids.append(int(jnp.argmax(logits[0, -1])))
     return ids[len(prompt):]
 
@@ -101,7 +101,7 @@ def test_left_padded_batch_equals_each_prompt_alone(tok):
         tokens[r, 7 - len(p):], valid[r, 7 - len(p):] = p, True
     last, *_ = gen.prefill(loaded.model(), loaded.params, loaded.alphas(), jnp.asarray(tokens), jnp.asarray(valid))
     for r, p in enumerate(prompts):
-        alone_logits = loaded.model().apply({"params": loaded.params}, jnp.asarray([p]), loaded.alphas())[0, -1]
+        alone_logits = loaded.model().apply({"params": loaded.params}, jnp.asarray([p]), loaded.alphas()).logits[0, -1]
         np.testing.assert_allclose(last[r], alone_logits, rtol=0, atol=2e-5)
 
 
@@ -126,13 +126,13 @@ def test_left_padded_rows_with_garbage_padding_equal_their_unpadded_prompts_at_e
         valid_BS = np.zeros((B, SMALL.seq_len), bool)
         valid_BS[:, :P] = valid_BP
         k, v = model_lib.empty_cache(SMALL, B)
-        logits, (k, v) = apply(tokens_BP, model_lib.KVCache(k, v, 0, positions_BP, valid_BS.copy()))
+        logits, _, (k, v) = apply(tokens_BP, model_lib.KVCache(k, v, 0, positions_BP, valid_BS.copy()))
         out = [np.asarray(logits)]
         for i in range(steps):
             valid_BS[:, P + i] = True
             fed_B1 = np.array([[seq[n + i]] for seq, n in zip(seqs, lengths)], np.int32)
             pos_B1 = np.array([[n + i] for n in lengths], np.int32)
-            logits, (k, v) = apply(fed_B1, model_lib.KVCache(k, v, np.int32(P + i), pos_B1, valid_BS.copy()))
+            logits, _, (k, v) = apply(fed_B1, model_lib.KVCache(k, v, np.int32(P + i), pos_B1, valid_BS.copy()))
             out.append(np.asarray(logits))
         return np.concatenate(out, axis=1)  # [B, P + steps, V]: slot s's logits
 
@@ -142,7 +142,7 @@ def test_left_padded_rows_with_garbage_padding_equal_their_unpadded_prompts_at_e
     alone_BT = rng.integers(1, SMALL.vocab_size, (B, P + steps)).astype(np.int32)
     for r, seq in enumerate(seqs):
         alone_BT[r, :len(seq)] = seq
-    alone = np.asarray(jax.jit(lambda t: model.apply({"params": params}, t, ALPHAS))(alone_BT))
+    alone = np.asarray(jax.jit(lambda t: model.apply({"params": params}, t, ALPHAS).logits)(alone_BT))
     for r, n in enumerate(lengths):
         # slots P - n .. P + steps - 1 hold the row's tokens 0 .. n + steps - 1; measured max
         # |difference| 3.3e-6, 2.5e-6, 4.3e-6 (rows 0, 1, 2) on logits up to 8.2 (float32 rounding)

@@ -352,7 +352,7 @@ def test_pallas_model_equals_xla_model_on_tiny_config():
 
     def run(impl):
         model = model_lib.Andrea(cfg, impl)
-        logits = jax.jit(lambda p: model.apply({"params": p}, tokens_BT1[:, :-1], alphas_L))(params)
+        logits = jax.jit(lambda p: model.apply({"params": p}, tokens_BT1[:, :-1], alphas_L).logits)(params)
         loss, grads = jax.jit(jax.value_and_grad(lambda p: steps.loss_fn(p, model, tokens_BT1, alphas_L)))(params)
         return logits, loss, grads
 

@@ -44,7 +44,7 @@ def forward_logprobs(loaded, ids):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(model, params, tokens_BT, alphas_L):
-    return model.apply({"params": params}, tokens_BT, alphas_L)
+    return model.apply({"params": params}, tokens_BT, alphas_L).logits
 
 
 def test_local_tasks_score_every_request_as_the_project_and_a_plain_forward_pass(lm):

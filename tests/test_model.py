@@ -29,7 +29,7 @@ def setup(cfg=SMALL, B=2, T=12, seed=0):
 
 
 def apply(params, tokens, alphas, cfg=SMALL):
-    return model_lib.Andrea(cfg).apply({"params": params}, tokens, jnp.asarray(alphas, jnp.float32))
+    return model_lib.Andrea(cfg).apply({"params": params}, tokens, jnp.asarray(alphas, jnp.float32)).logits
 
 
 def test_andrea_120m_parameter_count_and_layernorms_without_allocating():

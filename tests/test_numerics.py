@@ -73,7 +73,7 @@ def test_padded_vocabulary_gives_the_unpadded_loss_and_gradients():
     model = model_lib.Andrea(SMALL)
 
     def unpadded_loss(p):  # the head written out over the true vocabulary, no padding anywhere
-        logits = model.apply({"params": p}, tokens[:, :-1], alphas)  # padded inside, cut to V
+        logits = model.apply({"params": p}, tokens[:, :-1], alphas).logits  # padded inside, cut to V
         return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean(), logits
 
     def reference_loss(p):  # the same network with the head as a plain float32 matmul over V
@@ -118,7 +118,7 @@ def test_the_steps_masked_padded_logits_give_the_same_loss_and_gradients():
     tokens = jax.random.randint(jax.random.key(5), (3, 17), 0, SMALL.vocab_size)
     alphas = jnp.array([0.6, 1.0])
     sliced, padded = model_lib.Andrea(SMALL), model_lib.Andrea(SMALL, padded_logits=True)
-    assert padded.apply({"params": params}, tokens[:, :-1], alphas).shape[-1] == 384
+    assert padded.apply({"params": params}, tokens[:, :-1], alphas).logits.shape[-1] == 384
     l1, g1 = jax.value_and_grad(steps.loss_fn)(params, sliced, tokens, alphas)
     l2, g2 = jax.value_and_grad(steps.loss_fn)(params, padded, tokens, alphas)
     # measured: loss and gradients bit-identical on CPU (masked columns add exp(min) = 0)

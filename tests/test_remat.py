@@ -23,7 +23,7 @@ def loss_and_vjp(remat: str):
     tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, TINY.vocab_size)
 
     def loss(p):
-        logits = model_lib.Andrea(cfg, "xla").apply({"params": p}, tokens, ALPHAS)
+        logits = model_lib.Andrea(cfg, "xla").apply({"params": p}, tokens, ALPHAS).logits
         return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, tokens[..., None], -1)[..., 0])
     return jax.vjp(loss, params)
 
@@ -74,7 +74,7 @@ def test_the_traced_model_checkpoints_each_block_with_the_policy_of_its_setting(
     under none no checkpoint holds a matmul (the kernels' bias + GELU checkpoints only itself)."""
     cfg = dataclasses.replace(TINY, remat=remat)
     tokens = jnp.zeros((2, 12), jnp.int32)
-    forward = lambda p: model_lib.Andrea(cfg, "xla").apply({"params": p}, tokens, ALPHAS).sum()
+    forward = lambda p: model_lib.Andrea(cfg, "xla").apply({"params": p}, tokens, ALPHAS).logits.sum()
     eqns = list(all_eqns(jax.make_jaxpr(forward)(model_lib.param_shapes(TINY)).jaxpr))  # traced, not run
     matmuls = lambda e: sum(q.primitive.name == "dot_general" for q in all_eqns(e.params["jaxpr"]))
     blocks = [e for e in eqns if e.primitive.name in ("checkpoint", "remat2") and matmuls(e) >= 6]

@@ -109,7 +109,7 @@ def test_evaluation_reports_bits_per_byte_of_the_scored_text(tok_path):
     model = model_lib.Andrea(cfg.model)
     nll = 0.0
     for b in batches:
-        logp = jax.nn.log_softmax(model.apply({"params": state.params}, b[:, :-1], steps.step_alphas(cfg, 0)))
+        logp = jax.nn.log_softmax(model.apply({"params": state.params}, b[:, :-1], steps.step_alphas(cfg, 0)).logits)
         nll -= float(jnp.take_along_axis(logp, b[:, 1:, None], axis=-1).sum())
     n_bytes = sum(len(tok_lib.decode(tok, row[1:]).encode("utf-8")) for b in batches for row in b)
     assert abs(got["val_loss"] - nll / (3 * 4 * 32)) < 1e-5

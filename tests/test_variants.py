@@ -41,8 +41,8 @@ def test_block_matches_the_formula_of_its_row(norm):
     x = block_input(cfg)
     layer = 3  # LNS divides by sqrt(l); DeepNorm's c depends on L = 5
     p = jax.tree.map(lambda v: v[layer - 1], params["blocks"])
-    got, stats = model_lib.Block(cfg).apply({"params": p}, x, (jnp.float32(0.7), jnp.int32(layer)))
-    assert stats is None  # no diagnostics unless asked
+    got, (stats, kv) = model_lib.Block(cfg).apply({"params": p}, x, (jnp.float32(0.7), jnp.int32(layer)))
+    assert stats is None and kv is None  # no diagnostics unless asked, no cache unless given
     want, _ = ref.block(norm, p, x, 0.7, layer, cfg.n_layer, cfg.n_head)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
     # The transcriptions differ from each other: a wrong table entry could not pass.
@@ -80,7 +80,7 @@ def spine_forward(params, tokens, alphas, n_head, eps=1e-5):
 def test_pre_ln_model_equals_the_spines_model(alphas):
     params = perturbed_params(SMALL)
     tokens = jax.random.randint(jax.random.key(7), (2, 12), 0, SMALL.vocab_size)
-    got = model_lib.Andrea(SMALL).apply({"params": params}, tokens, jnp.array(alphas))
+    got = model_lib.Andrea(SMALL).apply({"params": params}, tokens, jnp.array(alphas)).logits
     np.testing.assert_allclose(got, spine_forward(params, tokens, alphas, SMALL.n_head), rtol=1e-5, atol=1e-5)
 
 
@@ -104,9 +104,9 @@ def test_learned_gate_starts_as_identity_and_is_the_only_block_parameter_that_le
     ones = jnp.ones((cfg.n_layer,))
     x = params["tok_embedding"][tokens] + params["pos_embedding"][:12]
     want = ref.layer_norm(x, params, "lnf") @ params["tok_embedding"].T
-    np.testing.assert_allclose(model_lib.Andrea(cfg).apply({"params": params}, tokens, ones), want,
+    np.testing.assert_allclose(model_lib.Andrea(cfg).apply({"params": params}, tokens, ones).logits, want,
                                rtol=1e-5, atol=1e-5)
-    grads = jax.jit(jax.grad(lambda p: model_lib.Andrea(cfg).apply({"params": p}, tokens, ones).sum()))(params)
+    grads = jax.jit(jax.grad(lambda p: model_lib.Andrea(cfg).apply({"params": p}, tokens, ones).logits.sum()))(params)
     for name, g in grads["blocks"].items():
         if name == "residual_gate":  # ReZero: d loss / d g = <dL/dx, F(x)>, non-zero from the start
             assert np.all(np.asarray(g) != 0.0)

@@ -4,11 +4,11 @@ transformer that composes them in the paper's placements, and the ProRes schedul
 `Andrea(cfg).apply(variables, tokens_BT, alphas_L)` is the whole contract; see transformer.py
 (the blocks and the model), layers.py (attention, MLP, layout) and prores.py (the schedules).
 """
-from andrea_jax.model.transformer import (OUTPUT_PROJECTIONS, PLACEMENTS, Andrea, Block, count_params,
+from andrea_jax.model.transformer import (OUTPUT_PROJECTIONS, PLACEMENTS, Andrea, Block, Output, count_params,
                                           deepnorm_beta, init, init_boxed, param_shapes)
 from andrea_jax.model.layers import (KVCache, LOGICAL_AXES, STREAM_BTD, VOCAB_ALIGN, attention_impl,
                                      empty_cache, padded_vocab)
 
-__all__ = ["OUTPUT_PROJECTIONS", "PLACEMENTS", "Andrea", "Block", "count_params", "deepnorm_beta", "init",
+__all__ = ["OUTPUT_PROJECTIONS", "PLACEMENTS", "Andrea", "Block", "Output", "count_params", "deepnorm_beta", "init",
            "init_boxed", "param_shapes", "KVCache", "LOGICAL_AXES", "STREAM_BTD", "VOCAB_ALIGN",
            "attention_impl", "empty_cache", "padded_vocab"]

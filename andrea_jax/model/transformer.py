@@ -8,9 +8,9 @@ norm placements (ProRes paper, Table 1).
 The block stack is one `nn.scan` over `Block`: parameters are stacked on a leading layer axis,
 the carry is the residual stream and the scanned input is (alpha_l, l). The model knows nothing
 of steps, data or optimizers: `Andrea(cfg).apply(variables, tokens_BT, alphas_L)` is the whole
-contract. With `Andrea(cfg, diagnostics=True)` the scan also emits per-layer statistics as its
-outputs (ys) and apply returns `(logits, stats)`; the flag is static, so a model without it
-computes none of them. Parameters and the residual stream are float32 whatever `cfg.dtype`: only
+contract, and it always returns an `Output(logits, stats, kv)`. With `Andrea(cfg,
+diagnostics=True)` the scan also emits per-layer statistics as its outputs (ys), in
+`Output.stats`; the flag is static, so a model without it computes none of them (stats is None). Parameters and the residual stream are float32 whatever `cfg.dtype`: only
 the inputs of the sublayers (attention, MLP) are cast to the compute dtype, and every branch is
 added to the stream in float32 with the same float32 alpha, so an early ProRes branch of alpha
 1e-3 is not rounded away by a bf16 stream. The logits are computed over the vocabulary padded to
@@ -20,7 +20,7 @@ before the softmax: the parameters, their count and checkpoints stay unpadded.
 Decoding with a KV cache: `apply(variables, tokens_BT, alphas_L, cache=KVCache(...))` writes the
 keys and values of `tokens_BT` into the cache at slot `cache.index` (one [B, S, H, K] slice per
 layer, carried through the same scan as its scanned input and output), attends over every filled
-slot and returns `(logits, (k_LBSHK, v_LBSHK))`. Rows may be left-padded: `cache.positions_BT`
+slot and returns the updated `(k_LBSHK, v_LBSHK)` in `Output.kv`. Rows may be left-padded: `cache.positions_BT`
 gives each token's position and `cache.valid_BS` which slots hold real tokens.
 
 Placements are the small functions in `PLACEMENTS`, each a transcription of one row of the
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from typing import Callable
 
 import jax
@@ -50,6 +51,13 @@ from andrea_jax.model.layers import (BLOCK_PARAM_AXES, STREAM_BTD, KVCache, cons
                                      token_matmul)
 
 OUTPUT_PROJECTIONS = ("attn_out_kernel", "mlp_proj_kernel")
+
+
+class Output(typing.NamedTuple):
+    """What `Andrea.__call__` returns, whatever it is asked for."""
+    logits: jax.Array           # [B, T, V] float32 (the padded vocabulary with padded_logits)
+    stats: dict | None = None   # diagnostics=True: per-layer statistics of the scan, each [L]
+    kv: tuple | None = None     # with a cache: (k_LBSHK, v_LBSHK), written at the call's slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +162,7 @@ def _norm2(x):
 
 
 class Block(nn.Module):
-    """One block; `__call__(x_BTD, (alpha, l)) -> (x_BTD, stats)` is the scan body.
+    """One block; `__call__(x_BTD, (alpha, l)) -> (x_BTD, (stats, kv))` is the scan body.
 
     stats is None unless `diagnostics`; then a dict of scalars: the RMS of the residual stream
     after the block, ||a F|| / ||skip|| for each sublayer (skip = the term the branch is added
@@ -167,8 +175,8 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x_BTD, scanned, decode=None):
         """scanned: (alpha, l), plus this layer's (k_BSHK, v_BSHK) cache when decoding; decode:
-        None, or (index, valid_BS) shared by every layer. Returns (x, stats), or with a cache
-        (x, (stats, (k_BSHK, v_BSHK))) with the cache slices updated."""
+        None, or (index, valid_BS) shared by every layer. Returns (x, (stats, kv)): kv is None
+        without a cache, else this layer's (k_BSHK, v_BSHK) with the call's slots written."""
         alpha, layer = scanned[:2]
         kv_written = []
         cfg, impl = self.cfg, self.impl
@@ -228,7 +236,7 @@ class Block(nn.Module):
             stats = {**stats, "resid_rms": _rms(x_BTD), "alpha": jnp.asarray(alpha, jnp.float32)}
         else:
             stats = None
-        return (x_BTD, stats) if decode is None else (x_BTD, (stats, kv_written[0]))
+        return x_BTD, (stats, kv_written[0])
 
 
 class Andrea(nn.Module):
@@ -273,12 +281,11 @@ class Andrea(nn.Module):
                         metadata_params={nn.PARTITION_NAME: "layers"})  # stacked params: ("layers", ...)
         layers_L = jnp.arange(1, cfg.n_layer + 1, dtype=jnp.int32)
         scanned = (jnp.asarray(alphas_L, jnp.float32), layers_L)
-        if cache is None:
-            x_BTD, stats_L = stack(cfg, self.impl, self.diagnostics, name="blocks")(x_BTD, scanned, None)
-        else:
+        decode = None
+        if cache is not None:
             decode = (jnp.asarray(cache.index, jnp.int32), cache.valid_BS)
-            x_BTD, (stats_L, kv_L) = stack(cfg, self.impl, self.diagnostics, name="blocks")(
-                x_BTD, scanned + (cache.k_LBSHK, cache.v_LBSHK), decode)
+            scanned += (cache.k_LBSHK, cache.v_LBSHK)
+        x_BTD, (stats_L, kv_L) = stack(cfg, self.impl, self.diagnostics, name="blocks")(x_BTD, scanned, decode)
 
         y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=self.impl)
         V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
@@ -292,9 +299,7 @@ class Andrea(nn.Module):
             logits_BTV = logits_BTP[..., :V]
         logits_BTV = constrain(logits_BTV,
                                 ("batch", "seq", "vocab"))
-        if cache is not None:
-            return logits_BTV, kv_L
-        return (logits_BTV, stats_L) if self.diagnostics else logits_BTV
+        return Output(logits_BTV, stats_L, kv_L)
 
 
 def init_boxed(cfg: ModelConfig, rng, impl: str = "auto"):

@@ -55,9 +55,9 @@ def prefill(model, params, alphas_L, tokens_BP, valid_BP):
     positions_BP = jnp.maximum(jnp.cumsum(valid_BP, axis=1) - 1, 0).astype(jnp.int32)
     valid_BS = jnp.zeros((B, S), bool).at[:, :P].set(valid_BP)
     k, v = model_lib.empty_cache(model.cfg, B)
-    logits_BPV, (k, v) = model.apply({"params": params}, tokens_BP, alphas_L,
-                                     cache=model_lib.KVCache(k, v, jnp.int32(0), positions_BP, valid_BS))
-    return logits_BPV[:, -1], (k, v), valid_BS, valid_BP.sum(axis=1).astype(jnp.int32)
+    out = model.apply({"params": params}, tokens_BP, alphas_L,
+                      cache=model_lib.KVCache(k, v, jnp.int32(0), positions_BP, valid_BS))
+    return out.logits[:, -1], out.kv, valid_BS, valid_BP.sum(axis=1).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "stream"))
@@ -90,8 +90,8 @@ def decode(model, params, alphas_L, logits_BV, kv, valid_BS, next_pos_B, *, prom
             kv, valid_BS, pos_B = args
             valid_BS = valid_BS.at[:, P + i].set(True)
             cache = model_lib.KVCache(*kv, P + i, pos_B[:, None], valid_BS)
-            logits_B1V, kv = model.apply({"params": params}, token_B[:, None], alphas_L, cache=cache)
-            return logits_B1V[:, 0].astype(logits_BV.dtype), kv, valid_BS, pos_B + 1
+            out = model.apply({"params": params}, token_B[:, None], alphas_L, cache=cache)
+            return out.logits[:, 0].astype(logits_BV.dtype), out.kv, valid_BS, pos_B + 1
 
         more = (i + 1 < limit) & ~jnp.all(done_B)  # the last token needs no forward pass of its own
         logits_BV, kv, valid_BS, pos_B = jax.lax.cond(

@@ -39,7 +39,7 @@ def _logprob_fn(loaded: load.LoadedModel, impl: str | None):
     key = (loaded.cfg.model, model.impl)
     if key not in _LOGPROB_FNS:
         def logprobs(params, alphas_L, tokens_BT, targets_BT):
-            logits_BTV = model.apply({"params": params}, tokens_BT, alphas_L).astype(jnp.float32)
+            logits_BTV = model.apply({"params": params}, tokens_BT, alphas_L).logits.astype(jnp.float32)
             logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
             logprob_BT = jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
             return logprob_BT, jnp.argmax(logits_BTV, axis=-1) == targets_BT

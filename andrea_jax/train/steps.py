@@ -32,14 +32,14 @@ def cross_entropy(logits_BTV, targets_BT):
 
 
 def loss_fn(params, model, tokens_BT1, alphas_L):
-    logits = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L)
+    logits = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L).logits
     return cross_entropy(logits, tokens_BT1[:, 1:])
 
 
 def loss_and_stats(params, model, tokens_BT1, alphas_L):
     """loss_fn of a model built with diagnostics=True: (loss, per-layer stats of the scan)."""
-    logits, stats_L = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L)
-    return cross_entropy(logits, tokens_BT1[:, 1:]), stats_L
+    out = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L)
+    return cross_entropy(out.logits, tokens_BT1[:, 1:]), out.stats
 
 
 step_alphas = prores.run_alphas
