@@ -1,7 +1,8 @@
 """`python -m andrea_jax.data.prepare`: one Beam pipeline (DirectRunner, 2 worker processes, 3
 shards) whose token ids equal the single-process path's document by document; idempotent reruns;
 an interrupted run completed on rerun; TFDS reads the output as its own array_record dataset; the
-tokenizer's uniform sample; bad input in one line."""
+tokenizer's uniform sample; bad input in one line; published files (hf-jsonl) and a TFDS dataset
+prepared and then trained on with data.source=prepared."""
 import json
 import os
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+import train as train_cli
 from andrea_jax import config as config_lib
 from andrea_jax.data import pipeline, beam_prepare as prepare, tokenize, sampling, token_shards, tokenizer as tok_lib
 from andrea_jax.errors import DataError
@@ -273,8 +275,6 @@ def tfds_corpus(folder):
 def test_a_prepared_corpus_trains_with_data_source_prepared(source, tmp_path, tok_path, capsys):
     """prepare --source hf-jsonl | tfds, then a training run on `data.source=prepared`: the
     run reads the prepared tokens (the corpus's documents encoded in order), with their tokenizer."""
-    import train as train_cli
-
     where, docs = (published_corpus if source == "hf-jsonl" else tfds_corpus)(tmp_path / "corpus")
     out = tmp_path / "prepared"
     argv = ["--source", source, *where, "--out", str(out), "--tokenizer", str(tok_path), "--workers", "1",
