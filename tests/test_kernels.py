@@ -17,6 +17,7 @@ from jax.test_util import check_grads
 
 from andrea_jax import kernels
 from andrea_jax.kernels import reference
+from _jaxpr import all_eqns
 
 DS = (64, 768, 1000, 3072)
 ROWS = (1, 7, 1030)
@@ -156,18 +157,6 @@ def test_residual_layer_norm_constant_alpha_matches_reference(D, rows, dtype, al
         assert_close(g, r, TOL[dtype], f"{what} grad {i}")
 
 
-def _eqns(jaxpr):
-    """Every equation of a jaxpr, its sub-jaxprs (jit, shard_map, custom rules) included."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                    yield from _eqns(sub.jaxpr)
-                elif isinstance(sub, jax.extend.core.Jaxpr):
-                    yield from _eqns(sub)
-
-
 def _saved_residuals(f, *args) -> str:
     import contextlib
     import io
@@ -194,7 +183,7 @@ def test_dalpha_is_absent_from_the_backward_when_alpha_is_constant():
 
     def bwd_kernels(argnums):
         jaxpr = jax.make_jaxpr(jax.grad(loss, argnums))(x, delta, gamma, beta, jnp.float32(0.37))
-        return [(len(e.invars), len(e.outvars)) for e in _eqns(jaxpr.jaxpr)
+        return [(len(e.invars), len(e.outvars)) for e in all_eqns(jaxpr.jaxpr)
                 if e.primitive.name == "pallas_call" and "residual_layer_norm_bwd" in str(e.params)]
 
     # (h, dy, gamma, mean, rstd, dh, alpha) -> (dx, ddelta, dgamma, dbeta): no delta, no dalpha.

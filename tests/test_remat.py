@@ -11,6 +11,7 @@ import pytest
 
 from andrea_jax import config as config_lib, model as model_lib
 from andrea_jax.config import ModelConfig
+from _jaxpr import all_eqns
 
 TINY = ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=3, n_head=4)
 ALPHAS = jnp.array([0.3, 1.0, 0.7])
@@ -49,18 +50,6 @@ def test_each_policy_gives_the_gradients_of_none(remat):
 def test_policies_store_less_in_order_none_dots_full():
     saved = {r: residual_bytes(loss_and_vjp(r)[1]) for r in config_lib.REMATS}
     assert saved["none"] > saved["dots"] > saved["full"], saved
-
-
-def all_eqns(jaxpr):
-    """Every equation of a jaxpr, those of the jaxprs inside its equations (scan, remat, ...) included."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                    yield from all_eqns(sub.jaxpr)
-                elif isinstance(sub, jax.extend.core.Jaxpr):
-                    yield from all_eqns(sub)
 
 
 POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,

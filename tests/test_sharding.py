@@ -26,6 +26,7 @@ from andrea_jax import config as config_lib
 from andrea_jax import model as model_lib
 from andrea_jax.train import sharding, steps
 from andrea_jax.config import Config, ConfigError, MeshConfig, ModelConfig, OptimConfig, ProResConfig, TrainConfig
+from _jaxpr import all_eqns
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -113,18 +114,6 @@ MICRO = Config(model=ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer
 
 def with_microbatches(k):
     return dataclasses.replace(MICRO, train=dataclasses.replace(MICRO.train, microbatches=k))
-
-
-def all_eqns(jaxpr):
-    """Every equation of a jaxpr, those of the jaxprs inside its equations (jit, scan, ...) included."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(sub, jax.extend.core.ClosedJaxpr):
-                    yield from all_eqns(sub.jaxpr)
-                elif isinstance(sub, jax.extend.core.Jaxpr):
-                    yield from all_eqns(sub)
 
 
 def test_microbatches_accumulate_slices_into_the_update_of_the_whole_batch():
