@@ -269,7 +269,7 @@ def main(argv=None):
     print(f"| {'-' * 12} | {'-' * 10} | {'-' * 10} | {'-' * 6} |")
     for t in TIMINGS:
         print(f"| {t:12s} | {median_ms['jax'][t]:10.1f} | {median_ms['pytorch'][t]:10.1f} | {ratio[t]:5.2f}x |")
-    print(f"ratio = JAX speed / PyTorch speed = PyTorch ms / JAX ms (> 1: the project is faster)")
+    print("ratio = JAX speed / PyTorch speed = PyTorch ms / JAX ms (> 1: the project is faster)")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

@@ -21,7 +21,7 @@ try:
 except ImportError as err:  # the CPU image and CI have neither
     raise KernelUnavailableError(
         f"kernels impl='triton' needs the packages `triton` and `jax-triton` (pip install "
-        f"jax-triton, with a CUDA build of jax); the import of {err.name!r} failed: {err}") from err
+        f"jax-triton, with a CUDA build of jax); the import failed: {err}") from err  # err.name may be None
 
 from andrea_jax.kernels import pallas_ops
 
