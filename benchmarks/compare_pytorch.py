@@ -49,7 +49,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
-from andrea_jax.train import steps
+from andrea_jax.model import prores  # noqa: E402
+from andrea_jax.train import steps  # noqa: E402
 
 TIMINGS = ("train_step", "fwd_loss", "fwd_bwd")
 
@@ -149,7 +150,7 @@ def build(cfg: config_lib.Config, batch: int, seed: int = 0, timings=TIMINGS):
     state = steps.create_state(cfg, jax.random.key(seed), mesh)
     train_step = steps.make_train_step(cfg, mesh) if "train_step" in timings else None
     model = model_lib.Andrea(m, cfg.kernels.impl, padded_logits=True)
-    alphas_L = steps.step_alphas(cfg, 0)
+    alphas_L = prores.run_alphas(cfg, 0)
     loss_jit = jax.jit(lambda p, tok: steps.loss_fn(p, model, tok, alphas_L))
     grad_jit = jax.jit(jax.value_and_grad(lambda p, tok: steps.loss_fn(p, model, tok, alphas_L)))
     tokens_jax = jax.device_put(tokens_BT1, steps.batch_sharding(cfg, mesh))

@@ -35,7 +35,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
-from andrea_jax.train import steps
+from andrea_jax.model import prores  # noqa: E402
+from andrea_jax.train import steps  # noqa: E402
 
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")  # unindented, ends in {
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\(")  # name = shape opcode(
@@ -134,7 +135,7 @@ def main(argv=None):
     model = model_lib.Andrea(m, cfg.kernels.impl, padded_logits=True)
     params = model_lib.init(m, jax.random.key(0), cfg.kernels.impl)["params"]
     tokens = np.random.default_rng(0).integers(0, m.vocab_size, (batch, m.seq_len + 1), dtype=np.int32)
-    alphas = steps.step_alphas(cfg, 0)
+    alphas = prores.run_alphas(cfg, 0)
     loss = lambda p, t: steps.loss_fn(p, model, t, alphas)
     fn = jax.jit(loss if args.forward else jax.value_and_grad(loss)).lower(params, tokens).compile()
     where = regions(fn.as_text())

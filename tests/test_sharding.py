@@ -24,6 +24,7 @@ from jax.sharding import AbstractMesh, AxisType
 import train
 from andrea_jax import config as config_lib
 from andrea_jax import model as model_lib
+from andrea_jax.model import prores
 from andrea_jax.train import sharding, steps
 from andrea_jax.config import Config, ConfigError, MeshConfig, ModelConfig, OptimConfig, ProResConfig, TrainConfig
 from _jaxpr import all_eqns
@@ -160,7 +161,7 @@ def test_microbatches_accumulate_slices_into_the_update_of_the_whole_batch():
     # The statistics: each slice's own, averaged (measured 0 to 1.6e-7 relative apart), and 9.5%
     # (resid_rms) to 30% (attn_ratio, mlp_ratio) away from those of the batch seen whole.
     model = model_lib.Andrea(MICRO.model, diagnostics=True, padded_logits=True)
-    alphas = steps.step_alphas(MICRO, jnp.int32(3))
+    alphas = prores.run_alphas(MICRO, jnp.int32(3))
     stats = jax.jit(lambda p, tokens: steps.loss_and_stats(p, model, tokens, alphas)[1])
     slices = jax.vmap(stats, in_axes=(None, 0))(params, np.stack([batch[j::K] for j in range(K)]))
     whole = stats(params, batch)

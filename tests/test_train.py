@@ -11,6 +11,7 @@ import numpy as np
 
 import train
 from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax.model import prores
 from andrea_jax.train import steps, loop as trainer
 from andrea_jax.config import Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig
 
@@ -42,7 +43,7 @@ def test_first_step_sees_alpha_zero_so_blocks_get_no_gradient():
     state = steps.create_state(SMALL, jax.random.key(0), steps.make_mesh())
     batch = jax.random.randint(jax.random.key(1), (4, 33), 0, 300)
     model = model_lib.Andrea(SMALL.model)
-    grads = jax.grad(steps.loss_fn)(state.params, model, batch, steps.step_alphas(SMALL, state.step))
+    grads = jax.grad(steps.loss_fn)(state.params, model, batch, prores.run_alphas(SMALL, state.step))
     assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(grads["blocks"]))
 
 
@@ -109,7 +110,7 @@ def test_evaluation_reports_bits_per_byte_of_the_scored_text(tok_path):
     model = model_lib.Andrea(cfg.model)
     nll = 0.0
     for b in batches:
-        logp = jax.nn.log_softmax(model.apply({"params": state.params}, b[:, :-1], steps.step_alphas(cfg, 0)).logits)
+        logp = jax.nn.log_softmax(model.apply({"params": state.params}, b[:, :-1], prores.run_alphas(cfg, 0)).logits)
         nll -= float(jnp.take_along_axis(logp, b[:, 1:, None], axis=-1).sum())
     n_bytes = sum(len(tok_lib.decode(tok, row[1:]).encode("utf-8")) for b in batches for row in b)
     assert abs(got["val_loss"] - nll / (3 * 4 * 32)) < 1e-5

@@ -42,9 +42,6 @@ def loss_and_stats(params, model, tokens_BT1, alphas_L):
     return cross_entropy(out.logits, tokens_BT1[:, 1:]), out.stats
 
 
-step_alphas = prores.run_alphas
-
-
 @functools.lru_cache(maxsize=None)
 def _tx_and_model(cfg: Config):
     """One optimizer and one model per config: they sit in the TrainState's tree structure, which
@@ -150,7 +147,7 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
     state_sh = state_shardings(cfg, mesh)
 
     def train_step(state, tokens_BT1):
-        alphas_L = step_alphas(cfg, state.step)  # inside jit: a new step never recompiles
+        alphas_L = prores.run_alphas(cfg, state.step)  # inside jit: a new step never recompiles
 
         def grad_fn(params, tokens):
             if with_diagnostics:
@@ -174,7 +171,7 @@ def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl, padded_logits=True)
 
     def eval_step(params, step, tokens_BT1, bytes_per_token_V):
-        loss = loss_fn(params, model, tokens_BT1, step_alphas(cfg, step))
+        loss = loss_fn(params, model, tokens_BT1, prores.run_alphas(cfg, step))
         return loss, bytes_per_token_V[tokens_BT1[:, 1:]].sum()
 
     replicated = NamedSharding(mesh, P())
