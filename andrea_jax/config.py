@@ -25,6 +25,8 @@ REMATS = ("none", "full", "dots")                        # model.remat policies 
 SCHEDULES = ("none", "linear", "linear_sqrt", "linear_square", "equal", "reverse",
              "stagewise_0", "stagewise_L", "stagewise_sqrt_L", "stagewise_sqrt_l",
              "fix_L", "fix_sqrt_L", "fix_sqrt_l")
+# prores.scale_updates: what each block's optimizer update is multiplied by (andrea_jax.model.prores)
+UPDATE_SCALES = ("none", "alpha", "sqrt_alpha")
 # Logical axis names of the model's arrays (andrea_jax.model.layers), which mesh.rules may map
 LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
 MESH_AXES = ("data", "fsdp", "tensor")                   # the device mesh's axes (andrea_jax.train.sharding)
@@ -104,9 +106,14 @@ class ModelConfig:
 class ProResConfig:
     schedule: str = "linear"    # one of andrea_jax.prores.SCHEDULES; `none` turns ProRes off
     warmup: int = 1000          # T: warmup of the first layer, in optimizer steps (paper default)
+    # A deviation from the paper, off by default: multiply block l's AdamW update (decay included)
+    # by alpha_l (alpha) or sqrt(alpha_l) (sqrt_alpha), so a partly-on block moves as little as it
+    # counts; Adam's m / sqrt(v) otherwise undoes the alpha that scales its gradient (issue 18).
+    scale_updates: str = "none"
 
     def check(self) -> None:
         _one_of("prores.schedule", self.schedule, SCHEDULES, "schedule")
+        _one_of("prores.scale_updates", self.scale_updates, UPDATE_SCALES, "update scaling")
         _need(self.warmup >= 0, "prores.warmup", f"must be >= 0, got {self.warmup}")
 
 

@@ -30,8 +30,10 @@ from andrea_jax.train import sharding, steps  # noqa: E402
 from andrea_jax.config import (Config, KernelsConfig, MeshConfig, ModelConfig, OptimConfig,  # noqa: E402
                                ProResConfig, TrainConfig)
 
+# ProRes ramps over the 4 steps and scales the blocks' updates by alpha (prores.scale_updates):
+# every mesh and microbatch count below must give that update, too.
 CFG = Config(model=ModelConfig(vocab_size=300, seq_len=32, d_model=64, n_layer=3, n_head=4),
-             prores=ProResConfig(schedule="linear", warmup=1),
+             prores=ProResConfig(schedule="linear", warmup=1, scale_updates="alpha"),
              # eps 1e-4, not 1e-8: Adam would blow the rounding noise of the (mathematically zero)
              # gradients of the key projection's bias-like directions up to full +-lr updates.
              optim=OptimConfig(lr=1e-2, warmup_steps=0, eps=1e-4), train=TrainConfig(steps=4, batch_size=16))

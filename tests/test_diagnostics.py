@@ -50,6 +50,29 @@ def test_scan_statistics_equal_an_unscanned_loop(norm, gates):
     np.testing.assert_allclose(stats["alpha"], alphas * gate, rtol=1e-6)  # one float32 multiply: measured exact
 
 
+def test_unscaled_branch_ratios_equal_a_hand_computation_on_two_post_ln_blocks():
+    # Post-LN, alphas [0, 0.5]: block 1's branches still have a size (alpha divided out, not
+    # multiplied in), and its output is LN(LN(x)) of the embeddings alone.
+    cfg = dataclasses.replace(SMALL, norm="post", n_layer=2)
+    params = perturbed_params(cfg)
+    tokens = jax.random.randint(jax.random.key(3), (2, 10), 0, cfg.vocab_size)
+    stats = model_lib.Andrea(cfg, diagnostics=True).apply({"params": params}, tokens, jnp.array([0.0, 0.5])).stats
+    want = {"attn_branch_ratio": [], "mlp_branch_ratio": [], "attn_ratio": []}
+    x = params["tok_embedding"][tokens] + params["pos_embedding"][:10]
+    for l, a in enumerate([0.0, 0.5]):
+        p = jax.tree.map(lambda v: v[l], params["blocks"])
+        f_attn = ref.attention(p, x, cfg.n_head)
+        h = ref.layer_norm(x + a * f_attn, p, "ln1")
+        f_mlp = ref.mlp(p, h)
+        want["attn_branch_ratio"].append(np.linalg.norm(f_attn) / np.linalg.norm(x))
+        want["mlp_branch_ratio"].append(np.linalg.norm(f_mlp) / np.linalg.norm(h))
+        want["attn_ratio"].append(a * np.linalg.norm(f_attn) / np.linalg.norm(x))
+        x = ref.layer_norm(h + a * f_mlp, p, "ln2")
+    for key, values in want.items():
+        np.testing.assert_allclose(stats[key], values, rtol=1e-5, err_msg=key)  # float32, another order
+    assert stats["attn_ratio"][0] == 0.0 and stats["attn_branch_ratio"][0] > 0.1
+
+
 def small_config(**model_changes):
     cfg = config_lib.Config()
     return dataclasses.replace(
@@ -60,6 +83,7 @@ def small_config(**model_changes):
 
 def test_layer_gradient_norms_equal_autodiff_of_the_loop(norm="pre"):
     cfg = small_config(norm=norm)
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=0))  # a first update that moves
     mesh = steps.make_mesh()
     state = steps.create_state(cfg, jax.random.key(0), mesh)
     state = state.replace(params=jax.device_put(perturbed_params(cfg.model), jax.sharding.NamedSharding(
@@ -87,6 +111,13 @@ def test_layer_gradient_norms_equal_autodiff_of_the_loop(norm="pre"):
     np.testing.assert_allclose(metrics["layer_grad_norm"], want, rtol=1e-5)  # measured 1.4e-7
     np.testing.assert_allclose(metrics["alpha"], alphas, rtol=1e-6)
     assert len(set(np.round(np.asarray(metrics["layer_grad_norm"]), 6))) == L  # not one number L times
+    # The update-to-parameter ratio of each block, from the parameters before and after the step.
+    before, after = params["blocks"], diag_state.params["blocks"]
+    want_ratio = [np.sqrt(sum(float(jnp.sum((n[l] - o[l]) ** 2)) for n, o in
+                              zip(jax.tree.leaves(after), jax.tree.leaves(before))))
+                  / np.sqrt(sum(float(jnp.sum(o[l] ** 2)) for o in jax.tree.leaves(before))) for l in range(L)]
+    np.testing.assert_allclose(metrics["update_ratio"], want_ratio, rtol=1e-4)  # differences of float32 parameters
+    assert all(0 < r < 0.1 for r in want_ratio), want_ratio
     # The diagnostic step makes the same update as the ordinary one.
     np.testing.assert_allclose(metrics["loss"], plain["loss"], rtol=1e-6)
     for a, b in zip(jax.tree.leaves(diag_state.params), jax.tree.leaves(plain_state.params)):

@@ -109,3 +109,23 @@ def test_toy_post_ln_t_sweep_plots_loss_against_t_l_over_steps(tmp_path, tok_pat
     check_figure(docs / "prores_repro" / "postln_tsweep" / "t_sweep.png", (700, 450),
                  [("tab:blue", 1.0, 4), ("tab:red", 1.0, 20), ("gray", 0.3, 200)])
     assert "prores_repro/postln_tsweep/t_sweep.png" in report
+
+
+def test_toy_gpu_experiment_trains_the_scaled_arm_and_draws_the_mechanism(tmp_path, tok_path):
+    # The GPU experiment's own settings (width 512, Post-LN, bf16, diagnostics), shrunk by --toy to
+    # 2 layers and 4 steps: its first two arms are none and linear ProRes with updates x alpha.
+    run = subprocess.run(toy_command("gpu_postln", tmp_path, tok_path), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    runs = tmp_path / "runs" / "gpu_postln"
+    config = json.loads((runs / "linear_alpha_s0" / "config.json").read_text())
+    assert (config["model"]["d_model"], config["model"]["norm"], config["model"]["dtype"]) == (512, "post", "bfloat16")
+    assert (config["prores"]["schedule"], config["prores"]["scale_updates"]) == ("linear", "alpha")
+    lines = [json.loads(l) for l in (runs / "linear_alpha_s0" / "metrics.jsonl").read_text().splitlines()]
+    diag = [l for l in lines if "update_ratio" in l]
+    assert diag and all(len(l["update_ratio"]) == len(l["mlp_branch_ratio"]) == 2 for l in diag)
+    assert diag[0]["update_ratio"] == [0.0, 0.0]  # step 1: alpha 0 everywhere (and the LR warmup starts at 0)
+    report = (tmp_path / "docs" / "RESULTS.md").read_text()
+    assert "| linear_alpha | 1 / 0 / 0 |" in report
+    assert "largest unscaled branch ratio" in report
+    check_figure(tmp_path / "docs" / "prores_repro" / "gpu_postln" / "mechanism.png", (1800, 450),
+                 [("tab:blue", 1.0, 20), ("tab:orange", 1.0, 20)])

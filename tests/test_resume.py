@@ -30,8 +30,9 @@ L = 2  # TOY's model.n_layer
 
 def prores(T):
     """Linear ProRes with warmup T: block l is fully on after T * l steps, so a run stopped or
-    resumed before step T * L does so mid-ramp, and its alphas must come back with its step."""
-    return ["prores.schedule=linear", f"prores.warmup={T}"]
+    resumed before step T * L does so mid-ramp, and its alphas must come back with its step. The
+    blocks' updates are scaled by alpha too (prores.scale_updates), which a resume must also keep."""
+    return ["prores.schedule=linear", f"prores.warmup={T}", "prores.scale_updates=alpha"]
 
 
 @pytest.fixture(autouse=True)

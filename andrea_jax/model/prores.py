@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from andrea_jax.config import SCHEDULES, Config  # the names; their formulas are below
+from andrea_jax.config import SCHEDULES, UPDATE_SCALES, Config  # the names; their formulas are below
 
 
 def _ramp(t, span):
@@ -55,3 +55,16 @@ def run_alphas(cfg: Config, step) -> jnp.ndarray:
     """The alphas a run of `cfg` computes with at `step`: the one place training, inference and
     export turn a config and a step into alphas."""
     return alphas(step, cfg.model.n_layer, schedule=cfg.prores.schedule, warmup=cfg.prores.warmup)
+
+
+def update_scales(cfg: Config, step) -> jnp.ndarray:
+    """float32 [L]: what block l's optimizer update is multiplied by at `step`
+    (prores.scale_updates; all ones for `none`, the paper's behaviour). The same step and alphas
+    as the forward pass of that update: `run_alphas(cfg, step)`."""
+    mode = cfg.prores.scale_updates
+    if mode not in UPDATE_SCALES:
+        raise ValueError(f"unknown prores.scale_updates {mode!r}; known: {', '.join(UPDATE_SCALES)}")
+    if mode == "none":
+        return jnp.ones((cfg.model.n_layer,), jnp.float32)
+    alphas_L = run_alphas(cfg, step)
+    return alphas_L if mode == "alpha" else jnp.sqrt(alphas_L)

@@ -165,8 +165,9 @@ class Block(nn.Module):
     """One block; `__call__(x_BTD, (alpha, l)) -> (x_BTD, (stats, kv))` is the scan body.
 
     stats is None unless `diagnostics`; then a dict of scalars: the RMS of the residual stream
-    after the block, ||a F|| / ||skip|| for each sublayer (skip = the term the branch is added
-    to: x, or c x under DeepNorm) and the block's effective alpha.
+    after the block, ||a F|| / ||skip|| (`*_ratio`) and ||F|| / ||skip|| (`*_branch_ratio`,
+    defined at a = 0 too) for each sublayer (skip = the term the branch is added to: x, or c x
+    under DeepNorm) and the block's effective alpha.
     """
     cfg: ModelConfig
     impl: str = "auto"
@@ -224,8 +225,9 @@ class Block(nn.Module):
         stats = {}
 
         def record(sublayer, f, a, skip):
-            if self.diagnostics:
-                stats[f"{sublayer}_ratio"] = jnp.abs(a) * _norm2(f) / _norm2(skip)
+            if self.diagnostics:  # the branch as the stream sees it, and unscaled (alpha divided out)
+                stats[f"{sublayer}_branch_ratio"] = _norm2(f) / _norm2(skip)
+                stats[f"{sublayer}_ratio"] = jnp.abs(a) * stats[f"{sublayer}_branch_ratio"]
 
         ops = _Ops(attn=attn, mlp=mlp, norm=norm, residual_norm=residual_norm, record=record,
                    layer=layer, n_layer=cfg.n_layer)

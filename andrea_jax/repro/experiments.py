@@ -111,7 +111,96 @@ POST_LN_T_SWEEP = dataclasses.replace(
     precheck_steps=0,
 )
 
-EXPERIMENTS = {e.name: e for e in (ABLATION, STABILITY, T_SWEEP, POST_LN_T_SWEEP)}
+# Issue 18: prores.scale_updates multiplies block l's AdamW update by alpha_l (or its square root),
+# a deviation from the paper. Arms: the paper's linear ProRes and the two scalings, beside none.
+_SCALED_ARMS = {"none": ("prores.schedule=none",), "linear": ("prores.schedule=linear",),
+                "linear_alpha": ("prores.schedule=linear", "prores.scale_updates=alpha"),
+                "linear_sqrt_alpha": ("prores.schedule=linear", "prores.scale_updates=sqrt_alpha")}
+
+SCALED_POST_LN = dataclasses.replace(
+    ABLATION,
+    name="postln_scaled",
+    title="Experiment E: Post-LN at depth 24, linear ProRes with its updates scaled by alpha",
+    arms=_SCALED_ARMS,
+    paper=("no published number: neither the paper nor its code scales updates; Experiment A's "
+           "linear arm (T = 25) stayed on the unigram plateau in 3 of 3 seeds"),
+    scale=ABLATION.scale + "; prores.scale_updates none / alpha / sqrt_alpha on the linear arm",
+    precheck_steps=0,
+)
+
+# The noise test: do the scalings still matter when 8x the batch divides the gradient noise?
+SCALED_POST_LN_8X = dataclasses.replace(
+    SCALED_POST_LN,
+    name="postln_scaled_8x",
+    title="Experiment E (noise): Experiment E at 8x the batch",
+    common=tuple("train.batch_size=64" if s == "train.batch_size=8" else s for s in SCALED_POST_LN.common),
+    scale=SCALED_POST_LN.scale.replace("8 x 32 tokens", "64 x 32 tokens (8x Experiment E's batch)"),
+)
+
+# The delay-or-trap test: does linear ProRes leave the plateau given 3x the steps?
+SCALED_POST_LN_LONG = dataclasses.replace(
+    SCALED_POST_LN,
+    name="postln_scaled_long",
+    title="Experiment E (delay or trap): Experiment E's arms for 4500 steps",
+    arms={k: v for k, v in _SCALED_ARMS.items() if k != "linear_sqrt_alpha"},
+    common=tuple("train.steps=4500" if s == "train.steps=1500" else s for s in SCALED_POST_LN.common),
+    scale=SCALED_POST_LN.scale.replace("1500 steps", "4500 steps (3x Experiment E)"),
+)
+
+SCALED_TINY = dataclasses.replace(
+    T_SWEEP,
+    name="tiny_scaled",
+    title="Experiment F: Pre-LN `tiny` (init scaled), linear ProRes with and without update scaling",
+    arms={"none": ("prores.schedule=none",),
+          **{f"T{T}{suffix}": ("prores.schedule=linear", f"prores.warmup={T}", *extra)
+             for T in (25, 250) for suffix, extra in (("", ()), ("_alpha", ("prores.scale_updates=alpha",)))}},
+    common=(*T_SWEEP.common, "diagnostics.every=25"),
+    seeds=(0, 1, 2),
+    sweeps_t=False,
+    paper="no published number: does scaled ProRes stop costing on Pre-LN, or pay?",
+    scale=T_SWEEP.scale.split(". Rerun")[0] + "; T = 25 and 250, each with and without prores.scale_updates=alpha",
+)
+
+
+def _depth_scaled(n_layer: int) -> Experiment:
+    return Experiment(
+        name=f"depth_scaled_{n_layer}",
+        title=f"Experiment G: Pre-LN at depth {n_layer}, none against linear ProRes with updates scaled",
+        config=f"depth:family=tiny,layers={n_layer}",
+        arms={"none": ("prores.schedule=none",),
+              "linear_alpha": ("prores.schedule=linear", "prores.scale_updates=alpha")},
+        common=("model.norm=pre", "train.sample_tokens=0", *_QUIET),
+        seeds=(0, 1, 2),
+        baseline="none",
+        paper=("ProRes paper, depth 12-120 (71M family, Pre-LN): ProRes's gain over the baseline "
+               "grows with depth, for unscaled ProRes"),
+        scale=(f"the tiny depth family (d_model 64, 4 heads, {n_layer} Pre-LN blocks, 300 steps of "
+               "16 x 64 tokens, LR 3e-3, WSD, ProRes T = 1% of the run, as configs/depth.py)"),
+    )
+
+
+# One GPU experiment, sized for about 15 minutes of one H200: Post-LN at depth 24 and width 512,
+# T L = 12x the LR warmup (the paper's ratio, 24,000 / 2,000 steps).
+GPU_POST_LN = Experiment(
+    name="gpu_postln",
+    title="GPU: Post-LN at depth 24, width 512, linear ProRes with and without update scaling",
+    config="depth:family=71m,layers=24",
+    # linear_alpha second: `--toy` (the first two arms) runs the scaled arm in the tests.
+    arms={k: _SCALED_ARMS[k] for k in ("none", "linear_alpha", "linear")},
+    common=("model.norm=post", "model.seq_len=256", "train.batch_size=32", "train.steps=3000",
+            "optim.lr=1e-3", "optim.warmup_steps=150", "prores.warmup=75", "model.dtype=bfloat16",
+            "model.remat=none", "train.eval_every=500", "train.eval_batches=16", "train.log_every=50",
+            "diagnostics.every=50", "diagnostics.spike_window=200", "train.sample_tokens=0", *_QUIET),
+    seeds=(0, 1, 2),
+    baseline="none",
+    paper="no published number: Experiment E's question at the paper's T L / warmup ratio on a GPU",
+    scale=("d_model 512, 8 heads, 24 Post-LN blocks, sequences of 256, batch 32, 3000 steps, bf16; "
+           "peak LR 1e-3 after 150 warmup steps, WSD; ProRes T = 75 (T L = 1800 = 12x the warmup)"),
+)
+
+EXPERIMENTS = {e.name: e for e in (ABLATION, STABILITY, T_SWEEP, POST_LN_T_SWEEP, SCALED_POST_LN,
+                                   SCALED_POST_LN_8X, SCALED_POST_LN_LONG, SCALED_TINY,
+                                   *(_depth_scaled(n) for n in (12, 24, 48)), GPU_POST_LN)}
 
 # A few steps of a 2-layer model: the end-to-end test of the script, not an experiment.
 TOY_SETS = ("model.n_layer=2", "train.steps=4", "train.batch_size=2", "model.seq_len=16",

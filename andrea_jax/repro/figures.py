@@ -1,5 +1,6 @@
 """The reproduction's figures, one function each: loss by arm with a seed band, escape rates,
-the block-1 / block-L gradient ratio over training, and activation growth with depth."""
+the block-1 / block-L gradient ratio over training, activation growth with depth, and the
+mechanism of issue 18 (unscaled branch ratios and update-to-parameter ratios over training)."""
 from __future__ import annotations
 
 import pathlib
@@ -141,4 +142,29 @@ def t_sweep(final_by_arm: dict, path: pathlib.Path, n_layer: int, steps: int, ad
                                                lambda v: v * adam_horizon * n_layer / steps))
     top.set_xlabel(f"T / Adam's horizon 1 / (1 - b2) = {adam_horizon:g} steps")
     ax.grid(alpha=0.3, which="both")
+    _save(fig, path)
+
+
+def mechanism(lines_by_arm: dict, path: pathlib.Path) -> None:
+    """Over training, seed median: the unscaled branch ratio ||F|| / ||x|| of the attention and
+    MLP sublayers and the update-to-parameter RMS ratio, for the middle block (dashed) and the
+    last (solid). Adam takes full-size steps in a block whose alpha is small; these show it."""
+    keys = [("attn_branch_ratio", "||Attn(x)|| / ||x|| (alpha divided out)"),
+            ("mlp_branch_ratio", "||MLP(x)|| / ||x|| (alpha divided out)"),
+            ("update_ratio", "RMS(update) / RMS(parameters), per block")]
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
+    for ax, (key, title) in zip(axes, keys):
+        for i, (arm, runs) in enumerate(lines_by_arm.items()):
+            steps, values, _ = _split([summarize.curve(lines, key) for lines in runs])
+            if steps is None:
+                continue
+            median = np.median(values, axis=0)  # [n, L]
+            L = median.shape[1]
+            for l, ls in ((L // 2, "--"), (L, "-")):
+                ax.plot(steps, median[:, l - 1], color=_color(i), ls=ls, lw=1.2,
+                        label=f"{arm}, block {l}" if l == L else None)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_title(f"{title}: block L solid, L/2 dashed", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
     _save(fig, path)

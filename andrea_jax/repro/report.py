@@ -77,7 +77,7 @@ def summarize_experiment(exp, runs_dir: pathlib.Path) -> dict | None:
         row = {key: stats.describe([r[key] for r in runs]) for key in
                ("final_val_loss", "best_val_loss", "spike_score", "max_resid_rms", "final_rms_growth",
                 "grad_ratio_geomean", "final_attn_ratio", "final_mlp_ratio", "growth_linear_r2",
-                "growth_exponential_r2")}
+                "growth_exponential_r2", "max_branch_ratio", "mean_update_ratio_last_block")}
         row["outcomes"] = {o: sum(r["outcome"] == o for r in runs)
                            for o in ("finished", "diverged", "failed", "not run")}
         if plateau:  # over the runs with an outcome (one still training counts in neither)
@@ -128,6 +128,9 @@ def draw(exp, runs_dir: pathlib.Path, summary: dict, out: pathlib.Path) -> list:
     if has_diagnostics:  # per-layer figures need runs trained with diagnostics.every > 0
         written.append(out / "grad_ratio.png")
         figures.grad_ratio(lines_by_arm, written[-1], precheck)
+    if any("update_ratio" in l for runs in lines_by_arm.values() for r in runs for l in r):
+        written.append(out / "mechanism.png")
+        figures.mechanism(lines_by_arm, written[-1])
     warmup_end = summary.get("prores_warmup", 0) * summary.get("n_layer", 0)
     if has_diagnostics:
         written.append(out / "activation_growth.png")

@@ -1,5 +1,5 @@
 """Training-dynamics diagnostics that are not part of the forward pass: per-layer gradient norms of
-the stacked block parameters and the loss-spike score. The per-layer activation statistics are
+the stacked block parameters, per-layer update-to-parameter ratios and the loss-spike score. The per-layer activation statistics are
 computed inside the model's scan (`andrea_jax.model.Block`).
 
 Loss-spike score (after OLMo 2, arXiv 2501.00656): the fraction of steps whose loss exceeds the
@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PER_LAYER = ("resid_rms", "attn_ratio", "mlp_ratio", "layer_grad_norm", "alpha")
+PER_LAYER = ("resid_rms", "attn_ratio", "mlp_ratio", "attn_branch_ratio", "mlp_branch_ratio",
+             "layer_grad_norm", "update_ratio", "alpha")
 
 
 def layer_norms(stacked_tree) -> jnp.ndarray:
@@ -21,6 +22,14 @@ def layer_norms(stacked_tree) -> jnp.ndarray:
     squares = [jnp.sum(jnp.square(g.astype(jnp.float32)).reshape(g.shape[0], -1), axis=1)
                for g in jax.tree.leaves(stacked_tree)]
     return jnp.sqrt(sum(squares))
+
+
+def update_ratios(new_stacked_tree, old_stacked_tree) -> jnp.ndarray:
+    """[L]: RMS(update of layer l) / RMS(layer l's parameters before it), over all of the layer's
+    parameters (equal counts, so the ratio of the L2 norms). Adam's update does not shrink with
+    the alpha that scales a block's gradient; this shows it (issue 18)."""
+    delta = jax.tree.map(lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), new_stacked_tree, old_stacked_tree)
+    return layer_norms(delta) / layer_norms(old_stacked_tree)
 
 
 def spike_flags(losses, window: int, sigmas: float) -> np.ndarray:

@@ -1,6 +1,9 @@
 """AdamW with global-norm clipping and the learning-rate schedules, all from optax, behind a
-finiteness guard that can skip an update whose gradient is not finite (optim.skip_nonfinite)."""
+finiteness guard that can skip an update whose gradient is not finite (optim.skip_nonfinite), and
+optionally followed by ProRes's per-block update scaling (prores.scale_updates)."""
 from __future__ import annotations
+
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,12 +38,50 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
-def make(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+def scale_block_updates(inner: optax.GradientTransformation,
+                        block_scales: Callable[[jax.Array], jax.Array]) -> optax.GradientTransformationExtraArgs:
+    """`inner`, then every update of the stacked block parameters (`updates["blocks"]`, leaves
+    [L, ...]) multiplied by block l's factor `block_scales(step)[l]`; the embeddings, final norm
+    and head are left as `inner` made them. `step` is an extra argument of `update` (the count of
+    completed updates, the one the forward pass computed its alphas from), so the factors come
+    from the same step as the gradient, inside the jitted step.
+
+    Placed after AdamW, the factor also scales the decoupled weight decay (optax's adamw
+    multiplies its decay by the learning rate, so decay is part of the update): the factor acts as
+    a per-block learning-rate multiplier. That keeps each block's balance between its Adam step
+    and its decay (the weight norm AdamW settles at) as the unscaled run has it, and a block at
+    alpha 0, which the forward pass does not use and which gets no gradient, does not move at all:
+    unscaled decay would shrink it towards 0 before it is switched on.
+
+    The state is `inner`'s own, so the optimizer state has one tree with scaling on or off:
+    checkpoints written before the option existed restore into it."""
+    inner = optax.with_extra_args_support(inner)
+
+    def update(updates, state, params=None, *, step=None, **extra_args):
+        updates, state = inner.update(updates, state, params, **extra_args)
+        if step is None:
+            raise ValueError("prores.scale_updates: the optimizer update needs step= (the count of "
+                             "completed updates), as andrea_jax.train.steps passes it")
+        scales_L = block_scales(step)
+
+        def scaled(u):
+            return u * scales_L.reshape(-1, *(1,) * (u.ndim - 1)).astype(u.dtype)
+        return {**updates, "blocks": jax.tree.map(scaled, updates["blocks"])}, state
+
+    return optax.GradientTransformationExtraArgs(inner.init, update)
+
+
+def make(cfg: OptimConfig, total_steps: int,
+         block_scales: Callable[[jax.Array], jax.Array] | None = None) -> optax.GradientTransformation:
+    """The run's optimizer. block_scales: None (the paper's AdamW), or step -> [L] factors of the
+    blocks' updates (scale_block_updates; `update` then needs step=)."""
     adamw = optax.chain(
         optax.clip_by_global_norm(cfg.clip_norm),
         optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                     weight_decay=cfg.weight_decay, mask=decay_mask),
     )
+    if block_scales is not None:
+        adamw = scale_block_updates(adamw, block_scales)
     # Always wrapped, so the optimizer state has one structure and skip_nonfinite can be switched
     # on when resuming a run that hit a NaN. Off, a limit of 0 skipped updates applies every
     # update unchanged (the guard only counts); on, no non-finite update is ever applied: the

@@ -46,7 +46,8 @@ def loss_and_stats(params, model, tokens_BT1, alphas_L):
 def _tx_and_model(cfg: Config):
     """One optimizer and one model per config: they sit in the TrainState's tree structure, which
     the jitted step's shardings must match, so create_state and make_train_step share them."""
-    return optim.make(cfg.optim, cfg.train.steps), model_lib.Andrea(cfg.model, cfg.kernels.impl)
+    scales = None if cfg.prores.scale_updates == "none" else functools.partial(prores.update_scales, cfg)
+    return optim.make(cfg.optim, cfg.train.steps, scales), model_lib.Andrea(cfg.model, cfg.kernels.impl)
 
 
 def _fresh_state(cfg: Config, rng) -> train_state.TrainState:
@@ -135,6 +136,14 @@ def _microbatched(grad_fn, cfg: Config, mesh: jax.sharding.Mesh, param_shardings
     return accumulated
 
 
+def apply_update(state: train_state.TrainState, grads) -> train_state.TrainState:
+    """One optimizer update, as TrainState.apply_gradients makes it, with the step count passed
+    to the optimizer (prores.scale_updates computes its block factors from it)."""
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params, step=state.step)
+    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                         opt_state=opt_state)
+
+
 def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: bool = False):
     """The jitted update. `with_diagnostics` compiles a second version of the same update that
     also returns, per layer [L], the scan's statistics (andrea_jax.model.Block), the gradient norm
@@ -157,9 +166,11 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
 
         (loss, stats_L), grads = _microbatched(grad_fn, cfg, mesh, state_sh.params)(state.params, tokens_BT1)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+        new_state = apply_update(state, grads)
         if with_diagnostics:
-            metrics |= {**stats_L, "layer_grad_norm": diag_lib.layer_norms(grads["blocks"])}
-        return state.apply_gradients(grads=grads), metrics
+            metrics |= {**stats_L, "layer_grad_norm": diag_lib.layer_norms(grads["blocks"]),
+                        "update_ratio": diag_lib.update_ratios(new_state.params["blocks"], state.params["blocks"])}
+        return new_state, metrics
 
     replicated = NamedSharding(mesh, P())  # a prefix: every metric is replicated
     return jax.jit(_in_layout(cfg, mesh, train_step), in_shardings=(state_sh, batch_sharding(cfg, mesh)),
