@@ -46,7 +46,7 @@ def loss_and_stats(params, model, tokens_BT1, alphas_L):
 def _tx_and_model(cfg: Config):
     """One optimizer and one model per config: they sit in the TrainState's tree structure, which
     the jitted step's shardings must match, so create_state and make_train_step share them."""
-    return optim.make(cfg.optim, cfg.train.steps), model_lib.Andrea(cfg.model, cfg.kernels.impl)
+    return optim.make(cfg.optim, cfg.train.steps, cfg.model.family), model_lib.Andrea(cfg.model, cfg.kernels.impl)
 
 
 def _fresh_state(cfg: Config, rng) -> train_state.TrainState:
