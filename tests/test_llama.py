@@ -22,11 +22,18 @@ from andrea_jax.serve import export, generate as gen, load
 from andrea_jax.train import optim, steps
 
 import _ref_blocks as ref
-from test_generate import cached_logits, perturbed_params
+from test_generate import perturbed_params
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMALL = ModelConfig(vocab_size=300, seq_len=24, d_model=32, n_layer=3, n_head=4, family="llama")
 ALPHAS = jnp.array([0.9, 0.45, 0.2], jnp.float32)  # mid-warmup: every block partly on
+
+
+def jitted(cfg):
+    """apply(params, tokens, alphas, cache=None) -> logits, compiled once per shape."""
+    model = model_lib.Andrea(cfg)
+    return jax.jit(lambda params, tokens, alphas, cache=None:
+                   model.apply({"params": params}, tokens, alphas, cache=cache))
 
 
 def tiny(*overrides):
@@ -68,8 +75,8 @@ def test_parameter_count_equals_the_formula(overrides, n_norms, gate):
 
 
 def test_init_scales_embedding_by_sqrt_d_and_head_by_init_std():
-    m = tiny().model
-    params = model_lib.init(m, jax.random.key(0))["params"]
+    m = dataclasses.replace(SMALL, d_model=64)
+    params = jax.jit(lambda key: model_lib.init(m, key))(jax.random.key(0))["params"]
     np.testing.assert_allclose(np.std(params["tok_embedding"]), 0.02 * np.sqrt(m.d_model), rtol=0.02)
     np.testing.assert_allclose(np.std(params["lm_head_kernel"]), 0.02, rtol=0.02)
     assert np.all(params["lnf_scale"] == 1) and np.all(params["blocks"]["ln1_scale"] == 1)
@@ -88,7 +95,7 @@ def test_decay_mask_is_the_linears_the_head_and_the_final_norm():
     cfg = OptimConfig(lr=0.5, warmup_steps=0, weight_decay=0.1)
     tx = optim.make(cfg, 10, "llama")
     params = jax.tree.map(lambda p: p + 1.0, params)
-    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    updates, _ = jax.jit(lambda p: tx.update(jax.tree.map(jnp.zeros_like, p), tx.init(p), p))(params)
     for path, u in jax.tree_util.tree_leaves_with_path(updates):
         p = params
         for k in path:
@@ -118,52 +125,73 @@ def test_positions_enter_only_through_rope_as_relative_offsets():
     """No position table: RoPE makes attention a function of position differences, so shifting
     every position by the same offset (through the cache's positions_BT) changes nothing, while
     moving one position does."""
-    params = perturbed_params(SMALL)
-    model = model_lib.Andrea(SMALL)
+    params, apply = perturbed_params(SMALL), jitted(SMALL)
     tokens = jax.random.randint(jax.random.key(4), (2, 10), 0, SMALL.vocab_size)
 
     def at(positions_T):
         k, v = model_lib.empty_cache(SMALL, 2)
         valid = jnp.zeros((2, SMALL.seq_len), bool).at[:, :10].set(True)
         cache = model_lib.KVCache(k, v, 0, jnp.broadcast_to(jnp.asarray(positions_T, jnp.int32), (2, 10)), valid)
-        return np.asarray(model.apply({"params": params}, tokens, ALPHAS, cache=cache).logits)
+        return np.asarray(apply(params, tokens, ALPHAS, cache).logits)
 
-    base = np.asarray(model.apply({"params": params}, tokens, ALPHAS).logits)
+    base = np.asarray(apply(params, tokens, ALPHAS).logits)
     np.testing.assert_allclose(at(np.arange(10) + 13), base, rtol=0, atol=2e-5)
     moved = at(np.r_[np.arange(9), 12])
     np.testing.assert_allclose(moved[:, :9], base[:, :9], rtol=0, atol=2e-5)  # causal: the past is unmoved
     assert np.abs(moved[:, 9] - base[:, 9]).max() > 0.01
 
 
-@pytest.mark.parametrize("remat", ["full", "dots"])
-def test_remat_changes_nothing(remat):
+def test_remat_changes_nothing():
     params = perturbed_params(SMALL)
     tokens = jax.random.randint(jax.random.key(5), (2, 12), 0, SMALL.vocab_size)
-    loss = lambda p, cfg: model_lib.Andrea(cfg).apply({"params": p}, tokens, ALPHAS).logits.sum()
-    remat_cfg = dataclasses.replace(SMALL, remat=remat)
-    np.testing.assert_allclose(loss(params, remat_cfg), loss(params, SMALL), rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(jax.grad(loss)(params, remat_cfg)), jax.tree.leaves(jax.grad(loss)(params, SMALL))):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * float(np.abs(b).max()))  # as tests/test_model.py
+
+    def value_and_grad(cfg):
+        loss = lambda p: model_lib.Andrea(cfg).apply({"params": p}, tokens, ALPHAS).logits.sum()
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    want, want_grads = value_and_grad(SMALL)
+    for remat in ("full", "dots"):
+        got, grads = value_and_grad(dataclasses.replace(SMALL, remat=remat))
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * float(np.abs(b).max()))  # as tests/test_model.py
 
 
 # --- decoding -------------------------------------------------------------------------------------
 
+def cached_logits(cfg, apply, params, tokens_BT, alphas, prefill_len):
+    """Logits at every position: a prefill of prefill_len tokens, then one token at a time
+    (tests/test_generate.py's helper, compiled: two shapes)."""
+    B, T = tokens_BT.shape
+    k, v = model_lib.empty_cache(cfg, B)
+    valid = jnp.zeros((B, cfg.seq_len), bool).at[:, :prefill_len].set(True)
+    positions = jnp.broadcast_to(jnp.arange(prefill_len, dtype=jnp.int32), (B, prefill_len))
+    logits, _, (k, v) = apply(params, tokens_BT[:, :prefill_len], alphas, model_lib.KVCache(k, v, 0, positions, valid))
+    out = [logits]
+    for t in range(prefill_len, T):
+        valid = valid.at[:, t].set(True)
+        cache = model_lib.KVCache(k, v, jnp.int32(t), jnp.full((B, 1), t, jnp.int32), valid)
+        logits, _, (k, v) = apply(params, tokens_BT[:, t:t + 1], alphas, cache)
+        out.append(logits)
+    return jnp.concatenate(out, axis=1)
+
+
 @pytest.mark.parametrize("norm,gates", [("pre", "learned"), ("post", "none"), ("lns", "none")])
 def test_cached_decoding_equals_full_forward_at_every_position(norm, gates):
     cfg = dataclasses.replace(SMALL, norm=norm, gates=gates)
-    model, params = model_lib.Andrea(cfg), perturbed_params(cfg)
+    apply, params = jitted(cfg), perturbed_params(cfg)
     tokens = jax.random.randint(jax.random.key(7), (2, 14), 0, cfg.vocab_size)
-    full = model.apply({"params": params}, tokens, ALPHAS).logits
-    cached = cached_logits(model, params, tokens, ALPHAS, prefill_len=5)
+    full = apply(params, tokens, ALPHAS).logits
+    cached = cached_logits(cfg, apply, params, tokens, ALPHAS, prefill_len=5)
     np.testing.assert_allclose(cached, full, rtol=0, atol=2e-5)  # as tests/test_generate.py
-    assert not np.allclose(cached_logits(model, params, tokens, jnp.ones(3), 5), full, atol=1e-3)
+    assert not np.allclose(cached_logits(cfg, apply, params, tokens, jnp.ones(3), 5), full, atol=1e-3)
 
 
 def test_left_padded_rows_equal_their_unpadded_prompts_at_every_step():
     """Left-padded rows (garbage in the pad slots), a prefill and then a token at a time: each real
     position's logits equal the row run alone from position 0 with no cache, which holds only if
     RoPE reads the cache's positions_BT (a row's slot index is not its position)."""
-    model, params = model_lib.Andrea(SMALL), perturbed_params(SMALL)
+    params, apply = perturbed_params(SMALL), jitted(SMALL)
     rng = np.random.default_rng(0)
     lengths, P, n_steps = [9, 5, 1], 9, 6
     seqs = [rng.integers(1, SMALL.vocab_size, n + n_steps) for n in lengths]
@@ -173,25 +201,35 @@ def test_left_padded_rows_equal_their_unpadded_prompts_at_every_step():
     for r, n in enumerate(lengths):
         tokens_BP[r, P - n:], valid_BP[r, P - n:] = seqs[r][:n], True
     positions_BP = np.maximum(np.cumsum(valid_BP, axis=1) - 1, 0).astype(np.int32)
-    apply = jax.jit(lambda tokens, cache: model.apply({"params": params}, tokens, ALPHAS, cache=cache))
-    valid_BS = np.zeros((B, SMALL.seq_len), bool)
-    valid_BS[:, :P] = valid_BP
-    k, v = model_lib.empty_cache(SMALL, B)
-    logits, _, (k, v) = apply(tokens_BP, model_lib.KVCache(k, v, 0, positions_BP, valid_BS.copy()))
-    out = [np.asarray(logits)]
-    for i in range(n_steps):
-        valid_BS[:, P + i] = True
-        fed_B1 = np.array([[seq[n + i]] for seq, n in zip(seqs, lengths)], np.int32)
-        pos_B1 = np.array([[n + i] for n in lengths], np.int32)
-        logits, _, (k, v) = apply(fed_B1, model_lib.KVCache(k, v, np.int32(P + i), pos_B1, valid_BS.copy()))
-        out.append(np.asarray(logits))
-    cached = np.concatenate(out, axis=1)
-    for r, (seq, n) in enumerate(zip(seqs, lengths)):
-        alone = np.asarray(model.apply({"params": params}, jnp.asarray(seq[None], jnp.int32), ALPHAS).logits[0])
-        np.testing.assert_allclose(cached[r, P - n:], alone, rtol=0, atol=2e-5, err_msg=f"row {r}")
-    # the slot index as position (what a cache ignoring positions_BT would do) gives other logits
-    shifted = np.asarray(model.apply({"params": params}, jnp.asarray(tokens_BP[1:2]), ALPHAS).logits[0, -1])
-    assert np.abs(shifted - cached[1, P - 1]).max() > 0.01
+
+    def decode(position_of):  # position_of(r, i): the position fed with row r's i-th decoded token
+        valid_BS = np.zeros((B, SMALL.seq_len), bool)
+        valid_BS[:, :P] = valid_BP
+        k, v = model_lib.empty_cache(SMALL, B)
+        logits, _, (k, v) = apply(params, tokens_BP, ALPHAS, model_lib.KVCache(k, v, 0, positions_BP, valid_BS.copy()))
+        out = [np.asarray(logits)]
+        for i in range(n_steps):
+            valid_BS[:, P + i] = True
+            fed_B1 = np.array([[seq[n + i]] for seq, n in zip(seqs, lengths)], np.int32)
+            pos_B1 = np.array([[position_of(r, i)] for r in range(B)], np.int32)
+            logits, _, (k, v) = apply(params, fed_B1, ALPHAS, model_lib.KVCache(k, v, np.int32(P + i), pos_B1, valid_BS.copy()))
+            out.append(np.asarray(logits))
+        return np.concatenate(out, axis=1)
+
+    cached = decode(lambda r, i: lengths[r] + i)
+    # Each row alone from position 0, no cache, in one batch: right-padded (causal, so unseen).
+    alone_BT = rng.integers(1, SMALL.vocab_size, (B, P + n_steps)).astype(np.int32)
+    for r, seq in enumerate(seqs):
+        alone_BT[r, :len(seq)] = seq
+    alone = np.asarray(apply(params, alone_BT, ALPHAS).logits)
+    for r, n in enumerate(lengths):
+        np.testing.assert_allclose(cached[r, P - n:], alone[r, :n + n_steps], rtol=0, atol=2e-5, err_msg=f"row {r}")
+    # RoPE is relative, so what matters is that the decoded tokens' positions continue the
+    # prefill's: the slot index instead (a cache ignoring positions_BT) moves the padded rows only.
+    slots = decode(lambda r, i: P + i)
+    np.testing.assert_allclose(slots[0], cached[0], rtol=0, atol=1e-6)  # row 0 is unpadded: slot = position
+    for r in (1, 2):
+        assert np.abs(slots[r, P:] - cached[r, P:]).max() > 0.01, r
 
 
 # --- training -------------------------------------------------------------------------------------
@@ -234,15 +272,20 @@ def random_loaded(tok_path, *overrides, step=6):
 
 @pytest.fixture(scope="module")
 def llama_run(trained_run):
-    """A trained 3-block llama with learned gates (6 steps: alphas [1, 0.75, 0.5]), loaded."""
-    return load.load(workdir=trained_run("model.family=llama", "model.gates=learned"))
+    """A trained 3-block llama (6 steps, evaluated at the end: alphas [1, 0.75, 0.5]), loaded."""
+    return load.load(workdir=trained_run("model.family=llama"))
 
 
-@pytest.mark.parametrize("which", ["trained", "lns"])
+# trained: the training loop's checkpoint; lns and gates: random parameters of every size (gates
+# included), where the folds change the logits by O(1)
+HF_CASES = {"trained": None, "lns": ("model.norm=lns",), "gates": ("model.gates=learned",)}
+
+
+@pytest.mark.parametrize("which", list(HF_CASES))
 def test_hf_llama_logits_equal_ours_in_transformers(llama_run, tok_path, tmp_path, which):
     import torch
 
-    loaded = llama_run if which == "trained" else random_loaded(tok_path, "model.norm=lns")
+    loaded = llama_run if which == "trained" else random_loaded(tok_path, *HF_CASES[which])
     folder = export.save_hf(loaded, tmp_path / "hf")
     alphas = export.effective_alphas(loaded, load.flatten_params(loaded.params))
     np.testing.assert_allclose(np.asarray(loaded.alphas()), [1.0, 0.75, 0.5])

@@ -30,6 +30,10 @@ alpha_l * g_l in place of alpha_l (ReZero / SkipInit; with ProRes schedule `none
 The final LayerNorm is kept for every placement: after Post-LN and DeepNorm blocks it is a second
 norm of an already normalised stream, which keeps one parameter tree for all variants.
 
+Families (`cfg.family`): the above is gpt2; llama (llama.py) swaps the layers a block is made of
+(`llama.block_sublayers`: RMSNorm, bias-free attention with RoPE, SwiGLU) and the model's ends
+(`llama.spine`: no position table, an untied head) behind the same placements, scan and cache.
+
 Partitioning: parameters and key activations carry logical axis names (layers.py);
 `init` returns plain arrays, `init_boxed` keeps flax's boxes for andrea_jax.train.sharding.
 """
