@@ -21,6 +21,7 @@ NORMS = ("pre", "post", "sandwich", "deepnorm", "lns")   # block placements, Pro
 INITS = ("normal", "scaled", "ds", "deepnorm")           # matrix inits (ProRes paper and its official code)
 GATES = ("none", "learned")                              # residual gates besides the ProRes alpha
 REMATS = ("none", "full", "dots")                        # model.remat policies (andrea_jax.model)
+FAMILIES = ("gpt2", "llama")                             # model.family: the block's layers (andrea_jax.model)
 # ProRes schedules (andrea_jax.model.prores has their formulas; paper Table 5)
 SCHEDULES = ("none", "linear", "linear_sqrt", "linear_square", "equal", "reverse",
              "stagewise_0", "stagewise_L", "stagewise_sqrt_L", "stagewise_sqrt_l",
@@ -79,6 +80,9 @@ class ModelConfig:
     norm: str = "pre"           # block placement, one of NORMS (formulas: ProRes paper Table 1 / andrea_jax.model)
     init: str = "normal"        # one of INITS: normal, scaled (out proj / sqrt(2L)), ds (/ sqrt(2l)), deepnorm
     gates: str = "none"         # learned: a trainable scalar per block, from 0, times alpha (ReZero; +L params)
+    family: str = "gpt2"        # one of FAMILIES: gpt2 (LayerNorm, biases, GELU MLP, learned positions, tied head) |
+                                # llama (the official ProRes code's block: RMSNorm, no biases, SwiGLU of width
+                                # mlp_ratio x d_model, RoPE, untied head; andrea_jax/model/llama.py)
 
     def __post_init__(self):
         # model.remat was a bool before none|full|dots: True / "true" (old configs, checkpoints,
@@ -100,6 +104,10 @@ class ModelConfig:
         _one_of("model.init", self.init, INITS, "init")
         _one_of("model.gates", self.gates, GATES, "gates")
         _one_of("model.remat", self.remat, REMATS, "remat policy")
+        _one_of("model.family", self.family, FAMILIES, "model family")
+        _need(self.family != "llama" or (self.d_model // self.n_head) % 2 == 0, "model.family",
+              f"llama's RoPE rotates pairs of a head's dimensions: the head dim {self.d_model // self.n_head} "
+              f"(model.d_model / model.n_head) must be even")
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,7 @@ class OptimConfig:
     b1: float = 0.9
     b2: float = 0.95
     eps: float = 1e-8
-    weight_decay: float = 0.1   # applied to matrices (kernels, embeddings) only
+    weight_decay: float = 0.1   # gpt2: on matrices (kernels, embeddings) only; llama: kernels, head, final norm (train/optim.decay_mask)
     clip_norm: float = 1.0      # global-norm gradient clipping
     skip_nonfinite: bool = False  # skip an update whose gradient is not finite (counted as skipped_updates) instead of stopping the run; off: a NaN is a bug to see
     max_consecutive_skips: int = 10  # skip_nonfinite: stop after this many skipped updates in a row (a stuck run; a spike skips a few)
@@ -369,4 +377,7 @@ def validate(config: Config) -> Config:
     _check_types(config)
     for section in dataclasses.fields(config):
         getattr(config, section.name).check()
+    # The kernel backends fuse LayerNorm (with a bias) and bias + GELU; llama has neither.
+    _need(config.model.family != "llama" or config.kernels.impl in ("auto", "xla"), "kernels.impl",
+          f"{config.kernels.impl} has no RMSNorm or SwiGLU kernels for model.family=llama; use kernels.impl=xla or auto")
     return config

@@ -32,7 +32,9 @@ LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vo
 BLOCK_PARAM_AXES = {"attn_qkv_kernel": ("embed", "qkv"), "attn_qkv_bias": ("qkv",),
                     "attn_out_kernel": ("heads", "embed"), "attn_out_bias": ("act_embed",),
                     "mlp_fc_kernel": ("embed", "mlp"), "mlp_fc_bias": ("mlp",),
-                    "mlp_proj_kernel": ("mlp", "embed"), "mlp_proj_bias": ("act_embed",)}
+                    "mlp_proj_kernel": ("mlp", "embed"), "mlp_proj_bias": ("act_embed",),
+                    # llama's SwiGLU (model/llama.py): gate and up split their F columns like mlp_fc
+                    "mlp_gate_kernel": ("embed", "mlp"), "mlp_up_kernel": ("embed", "mlp")}
 STREAM_BTD = ("batch", "seq", "act_embed")  # the residual stream, the scan's carry
 
 
@@ -105,28 +107,36 @@ def cached_attention(q_BTHK, k_BTHK, v_BTHK, k_cache_BSHK, v_cache_BSHK, index, 
     return o_BTHK, (k_cache_BSHK, v_cache_BSHK)
 
 
-def attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg: ModelConfig, cache=None):
+def attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg: ModelConfig, cache=None, rotate=None):
     """Causal multi-head self-attention of the fused [q|k|v] projection, computed in cfg.dtype.
     cache: None, or (k_cache_BSHK, v_cache_BSHK, index, valid_BS); then returns (out, (k, v))
-    with the cache slices updated, else (out, None)."""
+    with the cache slices updated, else (out, None). The biases may be None (llama has none);
+    rotate: None, or a function of q / k [B, T, H, K] applied before attention and the cache
+    (llama's RoPE), so cached keys are stored already rotated by their own positions."""
     B, T, D = y_BTD.shape
     H, dtype = cfg.n_head, jnp.dtype(cfg.dtype)
     y_BTD = y_BTD.astype(dtype)  # the stream is float32; the sublayer computes in dtype
     # The fused [q|k|v] columns viewed as [3, H, K]: a tensor shard slices its own heads
     # out of the weight and computes only those, so q, k, v never move between devices.
     qkv_D3HK = constrain(qkv_kernel.reshape(D, 3, H, D // H), ("embed", None, "heads", None))
-    qkv_bias_3HK = constrain(qkv_bias.reshape(3, H, D // H), (None, "heads", None))
-    qkv_BT3HK = constrain(token_matmul(y_BTD, qkv_D3HK.astype(dtype))
-                          + qkv_bias_3HK.astype(dtype), ("batch", "seq", None, "heads", None))
+    qkv_bias_3HK = None if qkv_bias is None else constrain(qkv_bias.reshape(3, H, D // H), (None, "heads", None))
+    qkv_BT3HK = token_matmul(y_BTD, qkv_D3HK.astype(dtype))
+    if qkv_bias_3HK is not None:
+        qkv_BT3HK = qkv_BT3HK + qkv_bias_3HK.astype(dtype)
+    qkv_BT3HK = constrain(qkv_BT3HK, ("batch", "seq", None, "heads", None))
     q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
+    if rotate is not None:
+        q_BTHK, k_BTHK = rotate(q_BTHK), rotate(k_BTHK)
     if cache is None:
         o_BTHK, kv = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
                                                   implementation=attention_impl(cfg)[0]), None
     else:
         o_BTHK, kv = cached_attention(q_BTHK, k_BTHK, v_BTHK, *cache)
     o_BTHK = constrain(o_BTHK, ("batch", "seq", "heads", None))
-    out_BTD = constrain(token_matmul(o_BTHK.reshape(B, T, D), out_kernel.astype(dtype))
-                        + out_bias.astype(dtype), STREAM_BTD)
+    out_BTD = token_matmul(o_BTHK.reshape(B, T, D), out_kernel.astype(dtype))
+    if out_bias is not None:
+        out_BTD = out_BTD + out_bias.astype(dtype)
+    out_BTD = constrain(out_BTD, STREAM_BTD)
     return out_BTD, kv
 
 

@@ -30,6 +30,10 @@ alpha_l * g_l in place of alpha_l (ReZero / SkipInit; with ProRes schedule `none
 The final LayerNorm is kept for every placement: after Post-LN and DeepNorm blocks it is a second
 norm of an already normalised stream, which keeps one parameter tree for all variants.
 
+Families (`cfg.family`): the above is gpt2; llama (llama.py) swaps the layers a block is made of
+(`llama.block_sublayers`: RMSNorm, bias-free attention with RoPE, SwiGLU) and the model's ends
+(`llama.spine`: no position table, an untied head) behind the same placements, scan and cache.
+
 Partitioning: parameters and key activations carry logical axis names (layers.py);
 `init` returns plain arrays, `init_boxed` keeps flax's boxes for andrea_jax.train.sharding.
 """
@@ -46,7 +50,7 @@ import flax.linen as nn
 
 from andrea_jax import kernels
 from andrea_jax.config import NORMS, ModelConfig
-from andrea_jax.model import layers
+from andrea_jax.model import layers, llama
 from andrea_jax.model.layers import (BLOCK_PARAM_AXES, STREAM_BTD, KVCache, constrain, padded_vocab,
                                      token_matmul)
 
@@ -161,6 +165,67 @@ def _norm2(x):
     return jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32))))
 
 
+def _gpt2_sublayers(matrix, vector, cfg: ModelConfig, impl: str, cache):
+    """Creates one GPT-2 block's parameters and returns its (attend, mlp, norm, residual_norm).
+    Created in the spine's order (flax draws init keys in creation order): same seed, same init."""
+    D, F = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    zeros, ones = nn.initializers.zeros, nn.initializers.ones
+
+    def layer_norm_params(name):
+        return vector(f"{name}_scale", ones, D), vector(f"{name}_bias", zeros, D)
+
+    norms = {"ln1": layer_norm_params("ln1")}
+    qkv_kernel, qkv_bias = matrix("attn_qkv_kernel", (D, 3 * D)), vector("attn_qkv_bias", zeros, 3 * D)
+    out_kernel, out_bias = matrix("attn_out_kernel", (D, D)), vector("attn_out_bias", zeros, D)
+    norms["ln2"] = layer_norm_params("ln2")
+    fc_kernel, fc_bias = matrix("mlp_fc_kernel", (D, F)), vector("mlp_fc_bias", zeros, F)
+    proj_kernel, proj_bias = matrix("mlp_proj_kernel", (F, D)), vector("mlp_proj_bias", zeros, D)
+    norms |= {name: layer_norm_params(name) for name in NORM_NAMES[cfg.norm][2:]}
+
+    def attend(y_BTD):
+        return layers.attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg, cache)
+
+    def mlp(y_BTD):
+        return layers.mlp(y_BTD, fc_kernel, fc_bias, proj_kernel, proj_bias, cfg, impl)
+
+    def norm(name, x):
+        return kernels.layer_norm(x, *norms[name], eps=cfg.ln_eps, impl=impl)
+
+    def residual_norm(name, x, f, a):
+        return kernels.residual_layer_norm(x, f, a, *norms[name], eps=cfg.ln_eps, impl=impl)
+
+    return attend, mlp, norm, residual_norm
+
+
+def _gpt2_spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str):
+    """The ends of the GPT-2 model: (x_BTD, None, head), x the token embedding plus the learned
+    position embedding, head(x_BTD) the final LayerNorm and the logits of the tied embedding over
+    the padded vocabulary, float32."""
+    named = nn.with_logical_partitioning
+    normal = nn.initializers.normal(cfg.init_std)
+    tok_embedding_VD = param("tok_embedding", named(normal, ("vocab", "embed")),
+                             (cfg.vocab_size, cfg.d_model), jnp.float32)
+    pos_embedding_SD = param("pos_embedding", named(normal, ("seq", "embed")),
+                             (cfg.seq_len, cfg.d_model), jnp.float32)
+    lnf_scale = param("lnf_scale", named(nn.initializers.ones, ("act_embed",)), (cfg.d_model,), jnp.float32)
+    lnf_bias = param("lnf_bias", named(nn.initializers.zeros, ("act_embed",)), (cfg.d_model,), jnp.float32)
+    T = tokens_BT.shape[1]
+    positions = pos_embedding_SD[:T] if cache is None else pos_embedding_SD[cache.positions_BT]
+    # The lookup reads whole rows: with the table's D split (FSDP) XLA would instead gather
+    # every token id and move the looked-up activations; gathering the weight is cheaper.
+    table_VD = constrain(tok_embedding_VD, ("vocab", None))
+    x_BTD = constrain((table_VD[tokens_BT] + positions).astype(jnp.float32), STREAM_BTD)
+
+    def head(x_BTD):
+        y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=impl)
+        V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
+        padded_PD = jnp.pad(tok_embedding_VD, ((0, P - V), (0, 0)))  # zero rows
+        return token_matmul(y_BTD.astype(jnp.dtype(cfg.dtype)), padded_PD.T.astype(jnp.dtype(cfg.dtype)),
+                            preferred_element_type=jnp.float32)
+
+    return x_BTD, None, head
+
+
 class Block(nn.Module):
     """One block; `__call__(x_BTD, (alpha, l)) -> (x_BTD, (stats, kv))` is the scan body.
 
@@ -174,53 +239,37 @@ class Block(nn.Module):
     diagnostics: bool = False
 
     @nn.compact
-    def __call__(self, x_BTD, scanned, decode=None):
+    def __call__(self, x_BTD, scanned, decode=None, rope=None):
         """scanned: (alpha, l), plus this layer's (k_BSHK, v_BSHK) cache when decoding; decode:
-        None, or (index, valid_BS) shared by every layer. Returns (x, (stats, kv)): kv is None
-        without a cache, else this layer's (k_BSHK, v_BSHK) with the call's slots written."""
+        None, or (index, valid_BS) shared by every layer; rope: llama's (cos, sin) tables, shared
+        too (None for gpt2). Returns (x, (stats, kv)): kv is None without a cache, else this
+        layer's (k_BSHK, v_BSHK) with the call's slots written."""
         alpha, layer = scanned[:2]
         kv_written = []
         cfg, impl = self.cfg, self.impl
-        D = cfg.d_model
-        F = cfg.mlp_ratio * D
-        zeros, ones = nn.initializers.zeros, nn.initializers.ones
 
         def matrix(name, shape):
             init = nn.with_logical_partitioning(_normal(_kernel_std(cfg, name, shape, layer)), BLOCK_PARAM_AXES[name])
             return self.param(name, init, shape, jnp.float32)
 
         def vector(name, init, size):
-            names = BLOCK_PARAM_AXES.get(name, ("act_embed",))  # LayerNorm gains and biases: the stream's width
+            names = BLOCK_PARAM_AXES.get(name, ("act_embed",))  # norm gains and biases: the stream's width
             return self.param(name, nn.with_logical_partitioning(init, names), (size,), jnp.float32)
 
-        def layer_norm_params(name):
-            return vector(f"{name}_scale", ones, D), vector(f"{name}_bias", zeros, D)
-
-        # Created in the spine's order (flax draws init keys in creation order): same seed, same init.
-        norms = {"ln1": layer_norm_params("ln1")}
-        qkv_kernel, qkv_bias = matrix("attn_qkv_kernel", (D, 3 * D)), vector("attn_qkv_bias", zeros, 3 * D)
-        out_kernel, out_bias = matrix("attn_out_kernel", (D, D)), vector("attn_out_bias", zeros, D)
-        norms["ln2"] = layer_norm_params("ln2")
-        fc_kernel, fc_bias = matrix("mlp_fc_kernel", (D, F)), vector("mlp_fc_bias", zeros, F)
-        proj_kernel, proj_bias = matrix("mlp_proj_kernel", (F, D)), vector("mlp_proj_bias", zeros, D)
-        norms |= {name: layer_norm_params(name) for name in NORM_NAMES[cfg.norm][2:]}
+        cache = None if decode is None else (*scanned[2:], *decode)
+        if cfg.family == "llama":
+            sublayers = llama.block_sublayers(matrix, vector, cfg, NORM_NAMES[cfg.norm], cache, rope)
+        else:
+            sublayers = _gpt2_sublayers(matrix, vector, cfg, impl, cache)
+        attend, mlp, norm, residual_norm = sublayers
         if cfg.gates == "learned":  # ReZero / SkipInit: a trainable scalar from 0, times the ProRes alpha
-            alpha = alpha * self.param("residual_gate", nn.with_logical_partitioning(zeros, ()), (), jnp.float32)
+            alpha = alpha * self.param("residual_gate", nn.with_logical_partitioning(nn.initializers.zeros, ()),
+                                       (), jnp.float32)
 
         def attn(y_BTD):
-            out_BTD, kv = layers.attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg,
-                                           None if decode is None else (*scanned[2:], *decode))
+            out_BTD, kv = attend(y_BTD)
             kv_written.append(kv)
             return out_BTD
-
-        def mlp(y_BTD):
-            return layers.mlp(y_BTD, fc_kernel, fc_bias, proj_kernel, proj_bias, cfg, impl)
-
-        def norm(name, x):
-            return kernels.layer_norm(x, *norms[name], eps=cfg.ln_eps, impl=impl)
-
-        def residual_norm(name, x, f, a):
-            return kernels.residual_layer_norm(x, f, a, *norms[name], eps=cfg.ln_eps, impl=impl)
 
         stats = {}
 
@@ -252,24 +301,14 @@ class Andrea(nn.Module):
     @nn.compact
     def __call__(self, tokens_BT, alphas_L, cache: KVCache | None = None):
         cfg = self.cfg
-        dtype = jnp.dtype(cfg.dtype)
-        named = nn.with_logical_partitioning
-        normal = nn.initializers.normal(cfg.init_std)
-        tok_embedding_VD = self.param("tok_embedding", named(normal, ("vocab", "embed")),
-                                      (cfg.vocab_size, cfg.d_model), jnp.float32)
-        pos_embedding_SD = self.param("pos_embedding", named(normal, ("seq", "embed")),
-                                      (cfg.seq_len, cfg.d_model), jnp.float32)
-        lnf_scale = self.param("lnf_scale", named(nn.initializers.ones, ("act_embed",)), (cfg.d_model,), jnp.float32)
-        lnf_bias = self.param("lnf_bias", named(nn.initializers.zeros, ("act_embed",)), (cfg.d_model,), jnp.float32)
-
         T = tokens_BT.shape[1]
         if T > cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than model.seq_len={cfg.seq_len}")
-        positions = pos_embedding_SD[:T] if cache is None else pos_embedding_SD[cache.positions_BT]
-        # The lookup reads whole rows: with the table's D split (FSDP) XLA would instead gather
-        # every token id and move the looked-up activations; gathering the weight is cheaper.
-        table_VD = constrain(tok_embedding_VD, ("vocab", None))
-        x_BTD = constrain((table_VD[tokens_BT] + positions).astype(jnp.float32), STREAM_BTD)
+        if cfg.family == "llama":
+            llama.check_impl(self.impl)
+            x_BTD, rope, head = llama.spine(self.param, cfg, tokens_BT, cache)
+        else:
+            x_BTD, rope, head = _gpt2_spine(self.param, cfg, tokens_BT, cache, self.impl)
 
         # model.remat: full saves nothing of a block (recomputes it all in the backward pass); dots
         # saves the outputs of the matmuls without batch dimensions (the qkv, output and MLP
@@ -279,7 +318,7 @@ class Andrea(nn.Module):
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}.get(cfg.remat)
         block = Block if policy is None else nn.remat(Block, prevent_cse=False, policy=policy)
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(0, nn.broadcast), length=cfg.n_layer,
+                        in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.n_layer,
                         metadata_params={nn.PARTITION_NAME: "layers"})  # stacked params: ("layers", ...)
         layers_L = jnp.arange(1, cfg.n_layer + 1, dtype=jnp.int32)
         scanned = (jnp.asarray(alphas_L, jnp.float32), layers_L)
@@ -287,13 +326,10 @@ class Andrea(nn.Module):
         if cache is not None:
             decode = (jnp.asarray(cache.index, jnp.int32), cache.valid_BS)
             scanned += (cache.k_LBSHK, cache.v_LBSHK)
-        x_BTD, (stats_L, kv_L) = stack(cfg, self.impl, self.diagnostics, name="blocks")(x_BTD, scanned, decode)
+        x_BTD, (stats_L, kv_L) = stack(cfg, self.impl, self.diagnostics, name="blocks")(x_BTD, scanned, decode, rope)
 
-        y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=self.impl)
+        logits_BTP = head(x_BTD)
         V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
-        padded_PD = jnp.pad(tok_embedding_VD, ((0, P - V), (0, 0)))  # zero rows
-        logits_BTP = token_matmul(y_BTD.astype(dtype), padded_PD.T.astype(dtype),
-                                   preferred_element_type=jnp.float32)
         if self.padded_logits:  # the loss's layout: padding masked out of the softmax, no slicing
             real_P = jnp.arange(P) < V
             logits_BTV = jnp.where(real_P, logits_BTP, jnp.finfo(jnp.float32).min)

@@ -10,6 +10,13 @@ The model is then exactly GPT-2 at the step it was saved, float32 throughout.
 Placements that normalise the residual stream itself (post, deepnorm) or each sublayer's output
 (sandwich) have no GPT-2 form and are refused; their exports are `native`.
 
+`model.family=llama` writes a `LlamaForCausalLM` instead (`LlamaForCausalLM.from_pretrained(OUT)`),
+with the same folds: the alphas (and gates) into o_proj and down_proj (no biases), lns's shrink
+into the RMSNorm gains (RMS(x) s = x / rms(x) * (g s)); the fused [q|k|v] kernel is split into
+q_proj, k_proj, v_proj and every matrix transposed to torch's [out, in]. Our RoPE already uses HF
+Llama's rotate_half layout (model/llama.py), so q and k need no permutation. The same placements
+are refused. The head is untied (lm_head.weight).
+
 Files: `config.json` (GPT2Config; its `andrea` entry records the step, schedule and folded alphas,
 for the reader only), `model.safetensors` (GPT-2's names; Conv1D weights are [in, out], which is
 our kernel layout; no lm_head, tied to wte), `generation_config.json`, and `tokenizer.json` with
@@ -31,27 +38,30 @@ from andrea_jax.serve import load
 from andrea_jax.errors import ExportError
 from andrea_jax.data import tokenizer as tokenizer_lib
 from andrea_jax.serve.load import LoadedModel
+from andrea_jax.model.llama import ROPE_THETA
 
 FORMATS = ("hf", "native")
 HF_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
             "tokenizer_config.json", "special_tokens_map.json")
-# Why a placement has no GPT-2 form: GPT-2's blocks are x + F(LN(x)) and nothing else.
+# Why a placement has no GPT-2 (or Llama) form: their blocks are x + F(Norm(x)) and nothing else.
 HF_REFUSED = {
     "post": "its blocks normalise the residual stream, Norm(x + a F(x))",
     "sandwich": "its blocks also normalise each sublayer's output, x + a Norm(F(Norm(x)))",
     "deepnorm": "its blocks scale and normalise the residual stream, Norm(c x + a F(x))",
 }
 
-
+# The transformers architecture of each model.family, and the norm its blocks apply.
+ARCHITECTURES = {"gpt2": ("GPT-2", "LN"), "llama": ("Llama", "RMSNorm")}
 
 
 def hf_refusal(loaded: LoadedModel) -> str | None:
-    """Why `loaded` has no Hugging Face GPT-2 form, or None when it has one."""
+    """Why `loaded` has no Hugging Face GPT-2 (or Llama) form, or None when it has one."""
     norm = loaded.cfg.model.norm
     if norm not in HF_REFUSED:
         return None
-    return (f"model.norm={norm} cannot be exported as Hugging Face GPT-2: {HF_REFUSED[norm]}, while "
-            f"GPT-2 blocks are pre-norm, x + F(LN(x)) only; use --format native")
+    arch, norm_name = ARCHITECTURES[loaded.cfg.model.family]
+    return (f"model.norm={norm} cannot be exported as Hugging Face {arch}: {HF_REFUSED[norm]}, while "
+            f"{arch} blocks are pre-norm, x + F({norm_name}(x)) only; use --format native")
 
 
 def effective_alphas(loaded: LoadedModel, flat: dict[str, np.ndarray]) -> np.ndarray:
@@ -71,6 +81,8 @@ def hf_state_dict(loaded: LoadedModel, flat: dict[str, np.ndarray] | None = None
         raise ExportError(reason)
     flat = load.flatten_params(loaded.params) if flat is None else flat
     alphas = effective_alphas(loaded, flat)
+    if loaded.cfg.model.family == "llama":
+        return _contiguous(llama_state_dict(loaded, flat, alphas))
     lns = loaded.cfg.model.norm == "lns"
     blocks = {k.removeprefix("blocks/"): v for k, v in flat.items() if k.startswith("blocks/")}
     out = {"transformer.wte.weight": flat["tok_embedding"], "transformer.wpe.weight": flat["pos_embedding"],
@@ -88,11 +100,67 @@ def hf_state_dict(loaded: LoadedModel, flat: dict[str, np.ndarray] | None = None
             h + "mlp.c_fc.weight": b["mlp_fc_kernel"], h + "mlp.c_fc.bias": b["mlp_fc_bias"],
             h + "mlp.c_proj.weight": b["mlp_proj_kernel"] * a, h + "mlp.c_proj.bias": b["mlp_proj_bias"] * a,
         }
-    return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
+    return _contiguous(out)
+
+
+def _contiguous(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+
+
+def llama_state_dict(loaded: LoadedModel, flat: dict[str, np.ndarray], alphas: np.ndarray) -> dict[str, np.ndarray]:
+    """HF Llama's tensors of a llama-family model, alphas (and the lns shrink) folded in; torch's
+    Linear weights are [out, in], the transpose of our kernels."""
+    m = loaded.cfg.model
+    D, lns = m.d_model, m.norm == "lns"
+    blocks = {k.removeprefix("blocks/"): v for k, v in flat.items() if k.startswith("blocks/")}
+    out = {"model.embed_tokens.weight": flat["tok_embedding"], "model.norm.weight": flat["lnf_scale"],
+           "lm_head.weight": flat["lm_head_kernel"].T}
+    for i in range(m.n_layer):
+        a = alphas[i]
+        shrink = np.float32(1.0 / np.sqrt(i + 1.0)) if lns else np.float32(1.0)
+        b = {k: v[i] for k, v in blocks.items()}
+        qkv, h = b["attn_qkv_kernel"], f"model.layers.{i}."  # qkv columns: [q | k | v], each H heads x K
+        out |= {
+            h + "input_layernorm.weight": b["ln1_scale"] * shrink,
+            h + "self_attn.q_proj.weight": qkv[:, :D].T, h + "self_attn.k_proj.weight": qkv[:, D:2 * D].T,
+            h + "self_attn.v_proj.weight": qkv[:, 2 * D:].T, h + "self_attn.o_proj.weight": (b["attn_out_kernel"] * a).T,
+            h + "post_attention_layernorm.weight": b["ln2_scale"] * shrink,
+            h + "mlp.gate_proj.weight": b["mlp_gate_kernel"].T, h + "mlp.up_proj.weight": b["mlp_up_kernel"].T,
+            h + "mlp.down_proj.weight": (b["mlp_proj_kernel"] * a).T,
+        }
+    return out
+
+
+def _andrea_entry(loaded: LoadedModel, alphas: np.ndarray, note: str) -> dict:
+    m = loaded.cfg.model
+    family = {"family": m.family} if m.family != "gpt2" else {}  # a gpt2 export's entry as before the families
+    return {"step": loaded.step, **family, "norm": m.norm, "gates": m.gates,
+            "prores_schedule": loaded.cfg.prores.schedule, "prores_warmup": loaded.cfg.prores.warmup,
+            "folded_alphas": [float(a) for a in alphas], "note": note}
+
+
+def llama_config(loaded: LoadedModel, alphas: np.ndarray) -> dict:
+    m, eot = loaded.cfg.model, tokenizer_lib.eot_id(loaded.tokenizer)
+    return {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "vocab_size": m.vocab_size, "hidden_size": m.d_model, "intermediate_size": m.mlp_ratio * m.d_model,
+        "num_hidden_layers": m.n_layer, "num_attention_heads": m.n_head, "num_key_value_heads": m.n_head,
+        "head_dim": m.d_model // m.n_head, "hidden_act": "silu", "max_position_embeddings": m.seq_len,
+        "rms_norm_eps": m.ln_eps, "initializer_range": m.init_std,
+        # v5 reads rope_parameters, v4 rope_theta
+        "rope_theta": ROPE_THETA, "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "pretraining_tp": 1,
+        "tie_word_embeddings": False, "bos_token_id": eot, "eos_token_id": eot,
+        "use_cache": True, "dtype": "float32", "torch_dtype": "float32",
+        "andrea": _andrea_entry(loaded, alphas, "ProRes alphas (and learned gates) are folded into o_proj and "
+                                "down_proj; lns's 1/sqrt(l) into the two RMSNorm gains"),
+    }
 
 
 def hf_config(loaded: LoadedModel, alphas: np.ndarray) -> dict:
     m, eot = loaded.cfg.model, tokenizer_lib.eot_id(loaded.tokenizer)
+    if m.family == "llama":
+        return llama_config(loaded, alphas)
     return {
         "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
         "vocab_size": m.vocab_size, "n_positions": m.seq_len, "n_embd": m.d_model, "n_layer": m.n_layer,
@@ -103,10 +171,8 @@ def hf_config(loaded: LoadedModel, alphas: np.ndarray) -> dict:
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
         "tie_word_embeddings": True, "bos_token_id": eot, "eos_token_id": eot,
         "use_cache": True, "dtype": "float32", "torch_dtype": "float32",  # v5 reads dtype, v4 torch_dtype
-        "andrea": {"step": loaded.step, "norm": m.norm, "gates": m.gates,
-                   "prores_schedule": loaded.cfg.prores.schedule, "prores_warmup": loaded.cfg.prores.warmup,
-                   "folded_alphas": [float(a) for a in alphas],
-                   "note": "ProRes alphas (and learned gates) are folded into c_proj; lns's 1/sqrt(l) into ln_1, ln_2"},
+        "andrea": _andrea_entry(loaded, alphas, "ProRes alphas (and learned gates) are folded into c_proj; "
+                                "lns's 1/sqrt(l) into ln_1, ln_2"),
     }
 
 
@@ -123,7 +189,7 @@ def hf_tokenizer_files(loaded: LoadedModel) -> dict[str, dict]:
 
 
 def save_hf(loaded: LoadedModel, out) -> pathlib.Path:
-    """Writes the Hugging Face GPT-2 export of `loaded` into folder `out`; refuses before writing."""
+    """Writes the Hugging Face GPT-2 (or Llama) export of `loaded` into folder `out`; refuses before writing."""
     from safetensors.numpy import save_file
 
     flat = load.flatten_params(loaded.params)
@@ -155,7 +221,8 @@ def main(argv=None) -> int:
     load.add_source_args(parser)
     parser.add_argument("--out", required=True, help="the folder to write the export into")
     parser.add_argument("--format", choices=FORMATS, default="hf",
-                        help="hf: a transformers GPT-2 checkpoint (pre and lns only); native: every placement")
+                        help="hf: a transformers GPT-2 (model.family=llama: Llama) checkpoint (pre and lns "
+                             "only); native: every placement")
     args = parser.parse_args(argv)
     try:
         loaded = load.load_from_args(args)
@@ -163,7 +230,8 @@ def main(argv=None) -> int:
     except (load.LoadError, ExportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    what = "Hugging Face GPT-2 checkpoint" if args.format == "hf" else "native export"
+    arch = ARCHITECTURES[loaded.cfg.model.family][0]
+    what = f"Hugging Face {arch} checkpoint" if args.format == "hf" else "native export"
     print(f"wrote {what} of {loaded.source} (step {loaded.step}) to {out}")
     return 0
 

@@ -3,6 +3,7 @@ finiteness guard that can skip an update whose gradient is not finite (optim.ski
 optionally followed by ProRes's per-block update scaling (prores.scale_updates)."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -29,13 +30,26 @@ def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     raise ValueError(f"unknown LR schedule {cfg.schedule!r}")
 
 
-def decay_mask(params):
-    """Weight decay on matrices only: kernels and embeddings, never biases, LayerNorm gains or the
-    scalar residual gates."""
-    def is_matrix(path, _):
-        name = str(getattr(path[-1], "key", path[-1]))
-        return name.endswith(("kernel", "embedding"))
-    return jax.tree_util.tree_map_with_path(is_matrix, params)
+def _names(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", k)) for k in path)
+
+
+def decay_mask(params, family: str = "gpt2"):
+    """Which parameters weight decay applies to, by model.family.
+
+    gpt2: matrices only: kernels and embeddings, never biases, LayerNorm gains or the scalar
+    residual gates. llama (the official ProRes code's AdamW groups): the linears and the head (all
+    `*kernel`s) and the final norm's gain, not the token embedding, the blocks' norm gains or the
+    gates."""
+    if family not in ("gpt2", "llama"):
+        raise ValueError(f"unknown model.family {family!r}")
+
+    def decays(path, _):
+        names = _names(path)
+        if family == "llama":
+            return names[-1].endswith("kernel") or names == ("lnf_scale",)
+        return names[-1].endswith(("kernel", "embedding"))
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def scale_block_updates(inner: optax.GradientTransformation,
@@ -71,14 +85,16 @@ def scale_block_updates(inner: optax.GradientTransformation,
     return optax.GradientTransformationExtraArgs(inner.init, update)
 
 
-def make(cfg: OptimConfig, total_steps: int,
+def make(cfg: OptimConfig, total_steps: int, family: str = "gpt2",
          block_scales: Callable[[jax.Array], jax.Array] | None = None) -> optax.GradientTransformation:
-    """The run's optimizer. block_scales: None (the paper's AdamW), or step -> [L] factors of the
-    blocks' updates (scale_block_updates; `update` then needs step=)."""
+    """The run's optimizer. family: model.family (its decay mask). block_scales: None (the paper's
+    AdamW), or step -> [L] factors of the blocks' updates (scale_block_updates; `update` then
+    needs step=)."""
+    mask = decay_mask if family == "gpt2" else functools.partial(decay_mask, family=family)
     adamw = optax.chain(
         optax.clip_by_global_norm(cfg.clip_norm),
         optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                    weight_decay=cfg.weight_decay, mask=decay_mask),
+                    weight_decay=cfg.weight_decay, mask=mask),
     )
     if block_scales is not None:
         adamw = scale_block_updates(adamw, block_scales)

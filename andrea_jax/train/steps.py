@@ -47,7 +47,8 @@ def _tx_and_model(cfg: Config):
     """One optimizer and one model per config: they sit in the TrainState's tree structure, which
     the jitted step's shardings must match, so create_state and make_train_step share them."""
     scales = None if cfg.prores.scale_updates == "none" else functools.partial(prores.update_scales, cfg)
-    return optim.make(cfg.optim, cfg.train.steps, scales), model_lib.Andrea(cfg.model, cfg.kernels.impl)
+    return (optim.make(cfg.optim, cfg.train.steps, cfg.model.family, scales),
+            model_lib.Andrea(cfg.model, cfg.kernels.impl))
 
 
 def _fresh_state(cfg: Config, rng) -> train_state.TrainState:

@@ -1,0 +1,137 @@
+"""model.family=llama: the official ProRes code's Llama block, in the same placements, inits,
+schedules, gates, remat and KV cache as the GPT-2 family (transformer.py composes both).
+
+    x = tok_embedding[ids]                       # no position table: RoPE rotates q and k
+    for l in 1..L:  x = block_l(x)               # e.g. pre: x + a_l Attn(RMS(x)), x + a_l MLP(RMS(x))
+    logits = RMS(x) @ lm_head_kernel             # untied head, [D, V]
+
+- RMSNorm: x / sqrt(mean(x^2) + eps) * g, a gain only (no bias), statistics in float32;
+- no bias in any linear; attention keeps the fused [q|k|v] kernel of the GPT-2 family;
+- SwiGLU: down(silu(gate(y)) * up(y)), hidden width F = model.mlp_ratio x model.d_model (the
+  official code's Llama configs use about 8/3 d; neither SPEC.md nor the paper fixes it, and one
+  width for both families keeps one `mlp` axis size for the sharding rules);
+- RoPE in Hugging Face Llama's rotate_half layout: a head's K dimensions are two halves
+  [x1 | x2] and pair i is (x1_i, x2_i), rotated by position * theta^(-2i/K), theta = 10000.
+  This is the layout HF's LlamaForCausalLM computes, so the export writes q_proj / k_proj as
+  they are; Meta's original checkpoints pair (x_2i, x_2i+1) (interleaved), which HF's
+  conversion script permutes and we never need to;
+- init: matrices as the GPT-2 family (model.init), the head N(0, init_std), the token
+  embedding N(0, init_std * sqrt(d_model)).
+Only the xla kernel backend: config validation refuses kernels.impl=pallas / triton for llama.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from andrea_jax import kernels
+from andrea_jax.config import ModelConfig
+from andrea_jax.model import layers
+from andrea_jax.model.layers import STREAM_BTD, constrain, padded_vocab, token_matmul
+
+ROPE_THETA = 10000.0  # HF LlamaConfig's default rope_theta, as the official code leaves it
+
+
+def rms_norm(x, gain, *, eps: float):
+    """x / sqrt(mean(x^2) + eps) * gain over the last axis; statistics in float32, output in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return (y * gain.astype(jnp.float32)).astype(x.dtype)
+
+
+def residual_rms_norm(x, delta, alpha, gain, *, eps: float):
+    """(h, RMSNorm(h)) with h = x + alpha * delta, added in float32 (kernels.reference's contract)."""
+    h = (x.astype(jnp.float32) + jnp.asarray(alpha, jnp.float32) * delta.astype(jnp.float32)).astype(x.dtype)
+    return h, rms_norm(h, gain, eps=eps)
+
+
+def rope_tables(positions_BT, head_dim: int, theta: float = ROPE_THETA):
+    """(cos, sin), each [B, T, 1, K] float32: the angle of pair i repeated in both halves."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles_BTk = jnp.asarray(positions_BT, jnp.float32)[..., None] * inv_freq
+    angles_BT1K = jnp.concatenate([angles_BTk, angles_BTk], axis=-1)[:, :, None, :]
+    return jnp.cos(angles_BT1K), jnp.sin(angles_BT1K)
+
+
+def apply_rope(x_BTHK, tables):
+    """x cos + rotate_half(x) sin, rotate_half([x1 | x2]) = [-x2 | x1]; in float32, out in x's dtype."""
+    cos, sin = tables
+    x = x_BTHK.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return (x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x_BTHK.dtype)
+
+
+def swiglu(y_BTD, gate_kernel, up_kernel, down_kernel, cfg: ModelConfig):
+    """down(silu(gate(y)) * up(y)) without biases; matmuls in cfg.dtype, the gating in float32."""
+    dtype = jnp.dtype(cfg.dtype)
+    y_BTD = y_BTD.astype(dtype)
+    mlp_BTF = ("batch", "seq", "mlp")
+    g_BTF = constrain(token_matmul(y_BTD, gate_kernel.astype(dtype)), mlp_BTF)
+    u_BTF = constrain(token_matmul(y_BTD, up_kernel.astype(dtype)), mlp_BTF)
+    h_BTF = constrain((jax.nn.silu(g_BTF.astype(jnp.float32)) * u_BTF.astype(jnp.float32)).astype(dtype), mlp_BTF)
+    return constrain(token_matmul(h_BTF, down_kernel.astype(dtype)), STREAM_BTD)
+
+
+def check_impl(impl: str) -> None:
+    """The model-level guard behind config validation (a caller may build Andrea directly)."""
+    if kernels.resolve(impl) != "xla":
+        raise ValueError(f"kernels.impl={impl} has no RMSNorm or SwiGLU kernels for model.family=llama; use xla")
+
+
+def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, cache, rope):
+    """Creates one llama block's parameters through the Block's `matrix` / `vector` factories and
+    returns its (attend, mlp, norm, residual_norm), as transformer._gpt2_sublayers does. The names
+    follow the GPT-2 family's where the role is the same (the down projection is mlp_proj_kernel,
+    so the output-projection inits scaled / ds / deepnorm treat it alike)."""
+    D, F = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    ones = nn.initializers.ones
+    gains = {"ln1": vector("ln1_scale", ones, D)}
+    qkv_kernel, out_kernel = matrix("attn_qkv_kernel", (D, 3 * D)), matrix("attn_out_kernel", (D, D))
+    gains["ln2"] = vector("ln2_scale", ones, D)
+    gate_kernel, up_kernel = matrix("mlp_gate_kernel", (D, F)), matrix("mlp_up_kernel", (D, F))
+    down_kernel = matrix("mlp_proj_kernel", (F, D))
+    gains |= {name: vector(f"{name}_scale", ones, D) for name in norm_names[2:]}
+
+    def attend(y_BTD):
+        return layers.attention(y_BTD, qkv_kernel, None, out_kernel, None, cfg, cache,
+                                rotate=lambda x_BTHK: apply_rope(x_BTHK, rope))
+
+    def mlp(y_BTD):
+        return swiglu(y_BTD, gate_kernel, up_kernel, down_kernel, cfg)
+
+    def norm(name, x):
+        return rms_norm(x, gains[name], eps=cfg.ln_eps)
+
+    def residual_norm(name, x, f, a):
+        return residual_rms_norm(x, f, a, gains[name], eps=cfg.ln_eps)
+
+    return attend, mlp, norm, residual_norm
+
+
+def spine(param, cfg: ModelConfig, tokens_BT, cache):
+    """The ends of the llama model: (x_BTD, rope tables, head) where head(x_BTD) is the final
+    RMSNorm and the untied head's logits over the padded vocabulary, float32. Positions are
+    0..T-1, or the cache's positions_BT (left-padded rows differ)."""
+    named = nn.with_logical_partitioning
+    D, V = cfg.d_model, cfg.vocab_size
+    tok_embedding_VD = param("tok_embedding", named(nn.initializers.normal(cfg.init_std * math.sqrt(D)),
+                                                    ("vocab", "embed")), (V, D), jnp.float32)
+    lnf_scale = param("lnf_scale", named(nn.initializers.ones, ("act_embed",)), (D,), jnp.float32)
+    head_DV = param("lm_head_kernel", named(nn.initializers.normal(cfg.init_std), ("embed", "vocab")),
+                    (D, V), jnp.float32)
+    T = tokens_BT.shape[1]
+    positions_BT = jnp.arange(T, dtype=jnp.int32)[None] if cache is None else cache.positions_BT
+    rope = rope_tables(positions_BT, D // cfg.n_head)
+    table_VD = constrain(tok_embedding_VD, ("vocab", None))  # whole rows, as the GPT-2 lookup
+    x_BTD = constrain(table_VD[tokens_BT].astype(jnp.float32), STREAM_BTD)
+
+    def head(x_BTD):
+        dtype = jnp.dtype(cfg.dtype)
+        y_BTD = rms_norm(x_BTD, lnf_scale, eps=cfg.ln_eps)
+        padded_DP = jnp.pad(head_DV, ((0, 0), (0, padded_vocab(V) - V)))  # zero columns
+        return token_matmul(y_BTD.astype(dtype), padded_DP.astype(dtype), preferred_element_type=jnp.float32)
+
+    return x_BTD, rope, head
