@@ -128,6 +128,16 @@ SCALED_POST_LN = dataclasses.replace(
     precheck_steps=0,
 )
 
+# The same arms on the official code's block (model.family=llama: RMSNorm, SwiGLU, RoPE, no biases,
+# untied head), which the issue saw trapped the same way.
+SCALED_POST_LN_LLAMA = dataclasses.replace(
+    SCALED_POST_LN,
+    name="postln_scaled_llama",
+    title="Experiment E (llama): Experiment E on the official code's Llama block",
+    common=(*SCALED_POST_LN.common, "model.family=llama"),
+    scale=SCALED_POST_LN.scale + "; model.family=llama (RMSNorm, SwiGLU of width 4 d, RoPE, no biases, untied head)",
+)
+
 # The noise test: do the scalings still matter when 8x the batch divides the gradient noise?
 SCALED_POST_LN_8X = dataclasses.replace(
     SCALED_POST_LN,
@@ -199,7 +209,7 @@ GPU_POST_LN = Experiment(
 )
 
 EXPERIMENTS = {e.name: e for e in (ABLATION, STABILITY, T_SWEEP, POST_LN_T_SWEEP, SCALED_POST_LN,
-                                   SCALED_POST_LN_8X, SCALED_POST_LN_LONG, SCALED_TINY,
+                                   SCALED_POST_LN_LLAMA, SCALED_POST_LN_8X, SCALED_POST_LN_LONG, SCALED_TINY,
                                    *(_depth_scaled(n) for n in (12, 24, 48)), GPU_POST_LN)}
 
 # A few steps of a 2-layer model: the end-to-end test of the script, not an experiment.
