@@ -163,5 +163,7 @@ def write_all(runs_root: pathlib.Path, out: pathlib.Path, toy: bool = False) -> 
     summary_path.write_text(json.dumps({"machine": machine(), "experiments": summaries}, indent=1))
     notes = figures_root / "READING.md"
     report = out / "RESULTS.md"
-    report.write_text(tables.results_markdown(summaries, machine(), notes.read_text() if notes.is_file() else ""))
+    shown = lambda path: os.path.relpath(path, pathlib.Path.cwd()) if path.is_relative_to(pathlib.Path.cwd()) else str(path)
+    report.write_text(tables.results_markdown(summaries, machine(), notes.read_text() if notes.is_file() else "",
+                                              runs=shown(runs_root), out=shown(out)))
     return [report, summary_path, *[out / f for s in summaries.values() for f in s["figures"]]]

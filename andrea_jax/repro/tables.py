@@ -222,11 +222,14 @@ def experiment_section(name: str, s: dict) -> list:
     return out
 
 
-def results_markdown(summaries: dict, machine: str, notes: str) -> str:
+def results_markdown(summaries: dict, machine: str, notes: str, runs: str = "runs/prores_repro",
+                     out: str = "docs") -> str:
+    """The report. runs, out: the --runs and --out folders, as the reader should see them."""
     wall = sum(s["wall_seconds"] for s in summaries.values() if math.isfinite(s["wall_seconds"]))
-    lines = ["# ProRes on a CPU: the paper's Post-LN ablation, Pre-LN stability and the T sweep, small", "",
+    lines = ["# ProRes on a CPU: the paper's Post-LN ablation, Pre-LN stability and the T sweep, small"
+             if runs == "runs/prores_repro" else f"# ProRes on a CPU: the runs under `{runs}/`", "",
              "Written by `scripts/reproduce_prores.py` (modules in `andrea_jax/repro/`) from the runs under "
-             "`runs/prores_repro/`; numbers in `docs/prores_repro/summary.json`.",
+             f"`{runs}/`; numbers in `{out}/prores_repro/summary.json`.",
              f"Machine: {machine}, shared with other work while these ran; "
              f"{wall / 60:.0f} min of wall time over the experiments below "
              f"({', '.join(summaries) or 'none yet'}).", ""]
@@ -239,5 +242,6 @@ def results_markdown(summaries: dict, machine: str, notes: str) -> str:
     if not_run:
         lines += ["## Not run", "", "No runs yet for: " + ", ".join(
             f"`python scripts/reproduce_prores.py --experiment {n}`" for n in not_run) + ".", ""]
-    lines += [SUPERSEDED]
+    if "ablation" in summaries:  # the superseded setup was Experiment A's
+        lines += [SUPERSEDED]
     return "\n".join(lines)
