@@ -190,7 +190,8 @@ def test_trainer_logs_diagnostics_to_jsonl_and_tensorboard(tmp_path):
     assert scores[6] > 0, step_losses.tolist()
 
     scalars = read_tensorboard_scalars(tmp_path / "tb")
-    want_tags = {"loss", "resid_rms/layer_001", "resid_rms/layer_003", "layer_grad_norm/max", "alpha/layer_002"}
+    want_tags = {"loss", "resid_rms/layer_001", "resid_rms/layer_003", "layer_grad_norm/max", "alpha/layer_002",
+                 "mlp_branch_ratio/layer_003", "update_ratio/layer_001"}
     assert want_tags <= set(scalars)
     assert [s for s, _ in scalars["resid_rms/layer_002"]] == [1, 2, 4, 6]
     np.testing.assert_allclose([v for _, v in scalars["resid_rms/layer_002"]],

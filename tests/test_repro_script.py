@@ -126,6 +126,18 @@ def test_toy_gpu_experiment_trains_the_scaled_arm_and_draws_the_mechanism(tmp_pa
     assert diag[0]["update_ratio"] == [0.0, 0.0]  # step 1: alpha 0 everywhere (and the LR warmup starts at 0)
     report = (tmp_path / "docs" / "RESULTS.md").read_text()
     assert "| linear_alpha | 1 / 0 / 0 |" in report
-    assert "largest unscaled branch ratio" in report
+    assert "unscaled MLP branch ratio ||F|| / ||x|| (median over layers) at step T L / 2" in report
     check_figure(tmp_path / "docs" / "prores_repro" / "gpu_postln" / "mechanism.png", (1800, 450),
                  [("tab:blue", 1.0, 20), ("tab:orange", 1.0, 20)])
+
+
+@pytest.mark.parametrize("name", sorted(__import__("andrea_jax.repro.experiments", fromlist=["x"]).EXPERIMENTS))
+def test_every_arm_of_every_experiment_is_a_valid_config_with_its_steps_stated(name):
+    from andrea_jax import config as config_lib
+    from andrea_jax.repro import experiments, runner
+    exp = experiments.EXPERIMENTS[name]
+    assert exp.baseline in exp.arms
+    for arm in exp.arms:
+        sets = experiments.run_sets(exp, arm, 0)
+        cfg = config_lib.validate(config_lib.override(config_lib.load(exp.config), sets))
+        assert runner.steps_of(sets) == cfg.train.steps == exp.steps(), (name, arm)

@@ -179,7 +179,7 @@ def _depth_scaled(n_layer: int) -> Experiment:
         config=f"depth:family=tiny,layers={n_layer}",
         arms={"none": ("prores.schedule=none",),
               "linear_alpha": ("prores.schedule=linear", "prores.scale_updates=alpha")},
-        common=("model.norm=pre", "train.sample_tokens=0", *_QUIET),
+        common=("model.norm=pre", "train.steps=300", "train.sample_tokens=0", *_QUIET),  # the config's 300, stated
         seeds=(0, 1, 2),
         baseline="none",
         paper=("ProRes paper, depth 12-120 (71M family, Pre-LN): ProRes's gain over the baseline "

@@ -77,7 +77,7 @@ def summarize_experiment(exp, runs_dir: pathlib.Path) -> dict | None:
         row = {key: stats.describe([r[key] for r in runs]) for key in
                ("final_val_loss", "best_val_loss", "spike_score", "max_resid_rms", "final_rms_growth",
                 "grad_ratio_geomean", "final_attn_ratio", "final_mlp_ratio", "growth_linear_r2",
-                "growth_exponential_r2", "max_branch_ratio", "mean_update_ratio_last_block")}
+                "growth_exponential_r2", "mid_warmup_mlp_branch_ratio", "mean_update_ratio_last_block")}
         row["outcomes"] = {o: sum(r["outcome"] == o for r in runs)
                            for o in ("finished", "diverged", "failed", "not run")}
         if plateau:  # over the runs with an outcome (one still training counts in neither)

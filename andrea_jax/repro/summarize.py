@@ -66,10 +66,13 @@ def run_summary(workdir) -> dict:
     branch = {k: float(np.median(curve(lines, f"{k}_ratio")[1][-1])) if len(curve(lines, f"{k}_ratio")[0])
               else nan for k in ("attn", "mlp")}
     finite_ratio = ratio[np.isfinite(ratio) & (ratio > 0)]
-    # The mechanism of issue 18: how large a branch grew before alpha let the stream see it, and
-    # how fast the last block moves.
-    unscaled = [curve(lines, f"{k}_branch_ratio")[1] for k in ("attn", "mlp")]
+    # The mechanism of issue 18: how large the branches have grown half-way through the ProRes
+    # warmup (step T L / 2), before alpha lets the stream see them, and how fast the last block moves.
+    steps_b, unscaled = curve(lines, "mlp_branch_ratio")
     _, update = curve(lines, "update_ratio")
+    config_path = Workdir(workdir).config
+    cfg = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    half_warmup = cfg.get("prores", {}).get("warmup", 0) * cfg.get("model", {}).get("n_layer", 0) / 2
     finished = outcome == "finished"
     return {
         "outcome": outcome,
@@ -87,7 +90,8 @@ def run_summary(workdir) -> dict:
         "final_attn_ratio": branch["attn"],
         **{f"growth_{k}": v for k, v in growth_shape(rms[-1] if len(rms) else []).items()},
         "final_mlp_ratio": branch["mlp"],
-        "max_branch_ratio": float(max(u.max() for u in unscaled)) if all(len(u) for u in unscaled) else nan,
+        "mid_warmup_mlp_branch_ratio": float(np.median(unscaled[np.argmin(np.abs(steps_b - half_warmup))]))
+        if len(steps_b) else nan,
         # mean over the diagnostic steps (the last one sits in the LR decay's tail, near 0)
         "mean_update_ratio_last_block": float(np.mean(update[:, -1])) if len(update) else nan,
         "steps_done": int(lines[-1]["step"]) if lines else 0,

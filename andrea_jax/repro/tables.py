@@ -211,10 +211,10 @@ def experiment_section(name: str, s: dict) -> list:
                        ", ".join(f"{st}: {r:.2g}" for st, r in a["grad_ratio_by_step"].items()) +
                        f"; at the end ||alpha F|| / ||x||, median over layers, seed mean: attention "
                        f"{f(a['final_attn_ratio']['mean'], 2)}, MLP {f(a['final_mlp_ratio']['mean'], 2)}" +
-                       (f"; largest unscaled branch ratio ||F|| / ||x|| (any block, any step) "
-                        f"{a['max_branch_ratio']['mean']:.3g}, last block's update / parameter RMS, mean "
+                       (f"; unscaled MLP branch ratio ||F|| / ||x|| (median over layers) at step T L / 2 "
+                        f"{a['mid_warmup_mlp_branch_ratio']['mean']:.3g}, last block's update / parameter RMS, mean "
                         f"over the diagnostic steps {a['mean_update_ratio_last_block']['mean']:.3g}"
-                        if a.get("max_branch_ratio", {}).get("n") else "") + ".")
+                        if a.get("mid_warmup_mlp_branch_ratio", {}).get("n") else "") + ".")
     out += ["", "Per run: " + "; ".join(
         f"{n} {r['outcome']}, final {f(r['final_val_loss'])}, best {f(r['best_val_loss'])}"
         f" ({r['seconds'] / 60:.1f} min)" for n, r in s["runs"].items()) + ".", ""]
