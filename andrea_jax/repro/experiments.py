@@ -190,7 +190,10 @@ def _depth_scaled(n_layer: int) -> Experiment:
 
 
 # One GPU experiment, sized for about 15 minutes of one H200: Post-LN at depth 24 and width 512,
-# T L = 12x the LR warmup (the paper's ratio, 24,000 / 2,000 steps).
+# T L = 12x the LR warmup (the paper's ratio, 24,000 / 2,000 steps). Its runs are train.py on the
+# embedded corpus, so the machine needs the data stack (grain, tensorflow-datasets, array-record,
+# tokenizers); the lent H200 has none of the first three, which then travel as wheels
+# (../.library/device/README.md). Not yet run on a GPU: its size is a plan, not a measurement.
 GPU_POST_LN = Experiment(
     name="gpu_postln",
     title="GPU: Post-LN at depth 24, width 512, linear ProRes with and without update scaling",
