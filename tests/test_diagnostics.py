@@ -69,7 +69,8 @@ def test_unscaled_branch_ratios_equal_a_hand_computation_on_two_post_ln_blocks()
         want["attn_ratio"].append(a * np.linalg.norm(f_attn) / np.linalg.norm(x))
         x = ref.layer_norm(h + a * f_mlp, p, "ln2")
     for key, values in want.items():
-        np.testing.assert_allclose(stats[key], values, rtol=1e-5, err_msg=key)  # float32, another order
+        # float32, the same sums in another order: measured 2.4e-7 relative
+        np.testing.assert_allclose(stats[key], values, rtol=2e-6, err_msg=key)
     assert stats["attn_ratio"][0] == 0.0 and stats["attn_branch_ratio"][0] > 0.1
 
 
@@ -116,7 +117,7 @@ def test_layer_gradient_norms_equal_autodiff_of_the_loop(norm="pre"):
     want_ratio = [np.sqrt(sum(float(jnp.sum((n[l] - o[l]) ** 2)) for n, o in
                               zip(jax.tree.leaves(after), jax.tree.leaves(before))))
                   / np.sqrt(sum(float(jnp.sum(o[l] ** 2)) for o in jax.tree.leaves(before))) for l in range(L)]
-    np.testing.assert_allclose(metrics["update_ratio"], want_ratio, rtol=1e-4)  # differences of float32 parameters
+    np.testing.assert_allclose(metrics["update_ratio"], want_ratio, rtol=2e-6)  # float32 differences: measured 2.0e-7
     assert all(0 < r < 0.1 for r in want_ratio), want_ratio
     # The diagnostic step makes the same update as the ordinary one.
     np.testing.assert_allclose(metrics["loss"], plain["loss"], rtol=1e-6)
