@@ -83,6 +83,8 @@ class ModelConfig:
     family: str = "gpt2"        # one of FAMILIES: gpt2 (LayerNorm, biases, GELU MLP, learned positions, tied head) |
                                 # llama (the official ProRes code's block: RMSNorm, no biases, SwiGLU of width
                                 # mlp_ratio x d_model, RoPE, untied head; andrea_jax/model/llama.py)
+    qk_norm: bool = False       # RMSNorm (a gain of the head dim, per block) on each head's queries and keys before
+                                # attention (and RoPE); HF GPT-2 / Llama cannot express it: export refuses
 
     def __post_init__(self):
         # model.remat was a bool before none|full|dots: True / "true" (old configs, checkpoints,
@@ -139,6 +141,10 @@ class OptimConfig:
     clip_norm: float = 1.0      # global-norm gradient clipping
     skip_nonfinite: bool = False  # skip an update whose gradient is not finite (counted as skipped_updates) instead of stopping the run; off: a NaN is a bug to see
     max_consecutive_skips: int = 10  # skip_nonfinite: stop after this many skipped updates in a row (a stuck run; a spike skips a few)
+    z_loss: float = 0.0         # coefficient of mean(log Z)^2 added to the training loss (PaLM: 1e-4); logged as z_loss, not in loss
+    skip_spikes: float = 0.0    # > 0: an update whose loss exceeds the mean of the last skip_spikes_window losses by
+                                # this many standard deviations is not applied (counted as skipped_spikes); 0 = off
+    skip_spikes_window: int = 100  # the recent (applied) losses the spike test compares with; it acts once it holds this many
 
     def check(self) -> None:
         _need(self.lr > 0 and math.isfinite(self.lr), "optim.lr", f"must be positive, got {self.lr}")
@@ -150,6 +156,11 @@ class OptimConfig:
         _need(0 <= self.b2 < 1, "optim.b2", f"must be in [0, 1), got {self.b2}")
         _positive("optim", self, "eps", "clip_norm", "max_consecutive_skips")
         _need(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _need(self.z_loss >= 0 and math.isfinite(self.z_loss), "optim.z_loss", f"must be >= 0, got {self.z_loss}")
+        _need(self.skip_spikes >= 0 and math.isfinite(self.skip_spikes), "optim.skip_spikes",
+              f"must be >= 0 (standard deviations; 0 = off), got {self.skip_spikes}")
+        _need(self.skip_spikes_window >= 2, "optim.skip_spikes_window",
+              f"must be >= 2 (a standard deviation needs two losses), got {self.skip_spikes_window}")
 
 
 @dataclass(frozen=True)
@@ -164,6 +175,8 @@ class TrainConfig:
     checkpoint_every: int = 1000  # steps between Orbax checkpoints (and at the end); 0 = none, no resume
     keep_checkpoints: int = 3   # newest checkpoints kept on disk
     microbatches: int = 1       # gradient accumulation: each batch runs as this many equal slices, one update (memory of one slice)
+    init_from: str = ""         # a transformers GPT-2 (model.family=gpt2) or Llama folder whose weights a new run starts from
+                                # (fresh optimizer, step 0; a resumed run takes its checkpoint instead); empty = random init
 
     def check(self) -> None:
         _positive("train", self, "steps", "batch_size", "log_every", "eval_batches", "keep_checkpoints",

@@ -129,18 +129,28 @@ def _flat(config: dict) -> dict:
             for key, value in fields.items()}
 
 
+def _changes_optimizer_tree(key: str, before: dict, after: dict) -> bool:
+    """Spike skipping keeps its window of losses in the optimizer state: switching it on or off,
+    or resizing its window while on, gives a state that no checkpoint of the run can restore into."""
+    on = lambda flat: bool(flat.get("optim.skip_spikes"))
+    if key == "optim.skip_spikes":
+        return on(before) != on(after)
+    return key == "optim.skip_spikes_window" and (on(before) or on(after))
+
+
 def changed_settings(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     """(identity, schedule): the `section.key (saved X, now Y)` of each setting that differs
     between two Config.to_dict() trees. A key the saved config lacks (a field added since) counts
     as its default."""
     before = _flat(Config().to_dict()) | _flat(saved)
     identity, schedule = [], []
-    for key, value in _flat(now).items():
+    after = _flat(now)
+    for key, value in after.items():
         if key in FREE or before.get(key) == value:
             continue
         section = key.split(".")[0]
         described = f"{key} (saved {before.get(key)!r}, now {value!r})"
-        if section in IDENTITY_SECTIONS or key in IDENTITY_KEYS:
+        if section in IDENTITY_SECTIONS or key in IDENTITY_KEYS or _changes_optimizer_tree(key, before, after):
             identity.append(described)
         elif key == "train.steps" or (section == "optim" and key not in SCHEDULE_FREE):
             schedule.append(described)

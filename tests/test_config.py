@@ -35,6 +35,9 @@ def test_overrides_are_parsed_by_declared_type():
     ("model.remat=maybe", "model.remat"),
     ("model.d_model=130", "model.d_model"),       # not divisible by 4 heads
     ("prores.warmup=-5", "prores.warmup"),
+    ("optim.z_loss=-1", "optim.z_loss"),
+    ("optim.skip_spikes=nan", "optim.skip_spikes"),
+    ("optim.skip_spikes_window=1", "optim.skip_spikes_window"),
     ("prores.schedule=cosine", "prores.schedule"),
     ("optim.schedule=step", "optim.schedule"),
     ("kernels.impl=cuda", "kernels.impl"),

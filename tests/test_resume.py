@@ -35,6 +35,9 @@ def prores(T):
     return ["prores.schedule=linear", f"prores.warmup={T}", "prores.scale_updates=alpha"]
 
 
+SPIKY = ["optim.skip_spikes=1", "optim.skip_spikes_window=8"]
+
+
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
@@ -90,7 +93,7 @@ def wait_for_a_metric_line(workdir, procs, timeout=200):
 
 def same_run(a, b, *, exact=True):
     """Metric lines and per-step losses of two workdirs agree (bit for bit, or to float rounding)."""
-    keys = ("step", "loss", "lr", "grad_norm", "val_loss", "spike_score")
+    keys = ("step", "loss", "lr", "grad_norm", "val_loss", "spike_score", "skipped_spikes")
     la, lb = metric_lines(a), metric_lines(b)
     assert [l["step"] for l in la] == [l["step"] for l in lb]
     sa, sb = np.load(a / "step_losses.npy"), np.load(b / "step_losses.npy")
@@ -106,8 +109,11 @@ def same_run(a, b, *, exact=True):
 
 def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path):
     T = 150  # T * L = 300 = train.steps: wherever the signal lands, the rerun resumes mid-ramp
+    # Loss-spike skipping at a band so narrow that it skips often: which updates it skips depends on
+    # the window of losses, which the rerun must restore with the checkpoint.
     settings = TOY + prores(T) + ["train.steps=300", "train.log_every=5", "train.eval_every=100",
-                                  "train.checkpoint_every=100", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
+                                  "train.checkpoint_every=100", "model.vocab_size=300", f"data.tokenizer={tok_path}",
+                                  *SPIKY]
     env = {"ANDREA_CACHE": str(tmp_path / "cache")}
     straight = start(tmp_path / "straight", settings, env=env)
     run = start(tmp_path / "run", settings, env=env)
@@ -135,6 +141,8 @@ def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path)
     assert f"resumed at step {step}" in open(rerun.log).read()
     assert finish(straight) and straight.returncode == 0, open(straight.log).read()[-3000:]
     same_run(tmp_path / "run", tmp_path / "straight")
+    skipped = [l["skipped_spikes"] for l in metric_lines(tmp_path / "straight")]
+    assert skipped[-1] > 0 and any(0 < s < skipped[-1] for s in skipped), skipped  # skips before and after a restart
 
 
 def test_processes_stop_together_and_checkpoints_move_between_process_counts(tmp_path, tok_path):

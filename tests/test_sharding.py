@@ -162,7 +162,7 @@ def test_microbatches_accumulate_slices_into_the_update_of_the_whole_batch():
     # (resid_rms) to 30% (attn_ratio, mlp_ratio) away from those of the batch seen whole.
     model = model_lib.Andrea(MICRO.model, diagnostics=True, padded_logits=True)
     alphas = prores.run_alphas(MICRO, jnp.int32(3))
-    stats = jax.jit(lambda p, tokens: steps.loss_and_stats(p, model, tokens, alphas)[1])
+    stats = jax.jit(lambda p, tokens: steps.objective(p, model, tokens, alphas)[1][1]["stats"])
     slices = jax.vmap(stats, in_axes=(None, 0))(params, np.stack([batch[j::K] for j in range(K)]))
     whole = stats(params, batch)
     for key in ("resid_rms", "attn_ratio", "mlp_ratio"):

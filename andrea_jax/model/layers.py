@@ -34,7 +34,9 @@ BLOCK_PARAM_AXES = {"attn_qkv_kernel": ("embed", "qkv"), "attn_qkv_bias": ("qkv"
                     "mlp_fc_kernel": ("embed", "mlp"), "mlp_fc_bias": ("mlp",),
                     "mlp_proj_kernel": ("mlp", "embed"), "mlp_proj_bias": ("act_embed",),
                     # llama's SwiGLU (model/llama.py): gate and up split their F columns like mlp_fc
-                    "mlp_gate_kernel": ("embed", "mlp"), "mlp_up_kernel": ("embed", "mlp")}
+                    "mlp_gate_kernel": ("embed", "mlp"), "mlp_up_kernel": ("embed", "mlp"),
+                    # model.qk_norm: gains over a head's K dimensions, shared by the heads
+                    "attn_q_norm_scale": (None,), "attn_k_norm_scale": (None,)}
 STREAM_BTD = ("batch", "seq", "act_embed")  # the residual stream, the scan's carry
 
 
@@ -53,6 +55,22 @@ def token_matmul(x_BTI, w_I_O, **kwargs):
     *lead, I = x_BTI.shape
     out = jnp.tensordot(x_BTI.reshape(-1, I), w_I_O, axes=1, **kwargs)
     return out.reshape(*lead, *w_I_O.shape[1:])
+
+
+def rms_norm(x, gain, *, eps: float):
+    """x / sqrt(mean(x^2) + eps) * gain over the last axis; statistics in float32, output in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return (y * gain.astype(jnp.float32)).astype(x.dtype)
+
+
+def qk_norm_gains(vector, cfg: ModelConfig):
+    """model.qk_norm: the block's (q_gain_K, k_gain_K), ones, created through its `vector`
+    factory; None when off."""
+    if not cfg.qk_norm:
+        return None
+    K = cfg.d_model // cfg.n_head
+    return tuple(vector(f"attn_{x}_norm_scale", nn.initializers.ones, K) for x in "qk")
 
 
 VOCAB_ALIGN = 128  # the logits matmul runs over the vocabulary padded to a multiple of this
@@ -107,12 +125,15 @@ def cached_attention(q_BTHK, k_BTHK, v_BTHK, k_cache_BSHK, v_cache_BSHK, index, 
     return o_BTHK, (k_cache_BSHK, v_cache_BSHK)
 
 
-def attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg: ModelConfig, cache=None, rotate=None):
+def attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg: ModelConfig, cache=None, rotate=None,
+              qk_gains=None):
     """Causal multi-head self-attention of the fused [q|k|v] projection, computed in cfg.dtype.
     cache: None, or (k_cache_BSHK, v_cache_BSHK, index, valid_BS); then returns (out, (k, v))
     with the cache slices updated, else (out, None). The biases may be None (llama has none);
     rotate: None, or a function of q / k [B, T, H, K] applied before attention and the cache
-    (llama's RoPE), so cached keys are stored already rotated by their own positions."""
+    (llama's RoPE), so cached keys are stored already rotated by their own positions; qk_gains:
+    None, or (q_gain_K, k_gain_K) of model.qk_norm: each head's queries and keys RMS-normalised
+    over K and scaled by the gains, before `rotate` and the cache."""
     B, T, D = y_BTD.shape
     H, dtype = cfg.n_head, jnp.dtype(cfg.dtype)
     y_BTD = y_BTD.astype(dtype)  # the stream is float32; the sublayer computes in dtype
@@ -125,6 +146,8 @@ def attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg: ModelConfi
         qkv_BT3HK = qkv_BT3HK + qkv_bias_3HK.astype(dtype)
     qkv_BT3HK = constrain(qkv_BT3HK, ("batch", "seq", None, "heads", None))
     q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
+    if qk_gains is not None:
+        q_BTHK, k_BTHK = (rms_norm(x, gain, eps=cfg.ln_eps) for x, gain in zip((q_BTHK, k_BTHK), qk_gains))
     if rotate is not None:
         q_BTHK, k_BTHK = rotate(q_BTHK), rotate(k_BTHK)
     if cache is None:

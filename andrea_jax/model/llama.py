@@ -30,16 +30,9 @@ import flax.linen as nn
 from andrea_jax import kernels
 from andrea_jax.config import ModelConfig
 from andrea_jax.model import layers
-from andrea_jax.model.layers import STREAM_BTD, constrain, padded_vocab, token_matmul
+from andrea_jax.model.layers import STREAM_BTD, constrain, padded_vocab, rms_norm, token_matmul
 
 ROPE_THETA = 10000.0  # HF LlamaConfig's default rope_theta, as the official code leaves it
-
-
-def rms_norm(x, gain, *, eps: float):
-    """x / sqrt(mean(x^2) + eps) * gain over the last axis; statistics in float32, output in x's dtype."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-    return (y * gain.astype(jnp.float32)).astype(x.dtype)
 
 
 def residual_rms_norm(x, delta, alpha, gain, *, eps: float):
@@ -94,10 +87,11 @@ def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, cache, rope):
     gate_kernel, up_kernel = matrix("mlp_gate_kernel", (D, F)), matrix("mlp_up_kernel", (D, F))
     down_kernel = matrix("mlp_proj_kernel", (F, D))
     gains |= {name: vector(f"{name}_scale", ones, D) for name in norm_names[2:]}
+    qk_gains = layers.qk_norm_gains(vector, cfg)
 
     def attend(y_BTD):
         return layers.attention(y_BTD, qkv_kernel, None, out_kernel, None, cfg, cache,
-                                rotate=lambda x_BTHK: apply_rope(x_BTHK, rope))
+                                rotate=lambda x_BTHK: apply_rope(x_BTHK, rope), qk_gains=qk_gains)
 
     def mlp(y_BTD):
         return swiglu(y_BTD, gate_kernel, up_kernel, down_kernel, cfg)

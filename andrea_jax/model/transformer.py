@@ -181,9 +181,10 @@ def _gpt2_sublayers(matrix, vector, cfg: ModelConfig, impl: str, cache):
     fc_kernel, fc_bias = matrix("mlp_fc_kernel", (D, F)), vector("mlp_fc_bias", zeros, F)
     proj_kernel, proj_bias = matrix("mlp_proj_kernel", (F, D)), vector("mlp_proj_bias", zeros, D)
     norms |= {name: layer_norm_params(name) for name in NORM_NAMES[cfg.norm][2:]}
+    qk_gains = layers.qk_norm_gains(vector, cfg)
 
     def attend(y_BTD):
-        return layers.attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg, cache)
+        return layers.attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg, cache, qk_gains=qk_gains)
 
     def mlp(y_BTD):
         return layers.mlp(y_BTD, fc_kernel, fc_bias, proj_kernel, proj_bias, cfg, impl)

@@ -57,9 +57,12 @@ ARCHITECTURES = {"gpt2": ("GPT-2", "LN"), "llama": ("Llama", "RMSNorm")}
 def hf_refusal(loaded: LoadedModel) -> str | None:
     """Why `loaded` has no Hugging Face GPT-2 (or Llama) form, or None when it has one."""
     norm = loaded.cfg.model.norm
+    arch, norm_name = ARCHITECTURES[loaded.cfg.model.family]
+    if loaded.cfg.model.qk_norm:
+        return (f"model.qk_norm=true cannot be exported as Hugging Face {arch}: its attention has no norm on "
+                f"queries and keys; use --format native")
     if norm not in HF_REFUSED:
         return None
-    arch, norm_name = ARCHITECTURES[loaded.cfg.model.family]
     return (f"model.norm={norm} cannot be exported as Hugging Face {arch}: {HF_REFUSED[norm]}, while "
             f"{arch} blocks are pre-norm, x + F({norm_name}(x)) only; use --format native")
 

@@ -49,6 +49,8 @@ class Run:
     step_metrics: dict | None = None
     pending_losses: list = dataclasses.field(default_factory=list)  # on the device until `sync`
     skipped: int | None = None    # updates skipped so far (optim.skip_nonfinite)
+    spikes_seen: int = 0          # loss spikes skipped (optim.skip_spikes) already reported
+    spike: dict | None = None     # the latest skipped spike not yet in a metric line
     line: dict | None = None      # the metric line being built at a log step
     log: list = dataclasses.field(default_factory=list)
     last_time: float = dataclasses.field(default_factory=time.perf_counter)
@@ -84,12 +86,38 @@ def _all_finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
+def report_spikes(run: Run) -> None:
+    """optim.skip_spikes: says on stderr how many loss spikes were skipped since the last wait and
+    which blocks' gradient norms jumped most (over their window means) at the latest, and keeps
+    that spike for the next metric line."""
+    spikes = optim.spike_state(run.state.opt_state)
+    if spikes is None:
+        return
+    s = jax.device_get(spikes._replace(inner_state=None))
+    new = int(s.skipped) - run.spikes_seen
+    if new <= 0:
+        return
+    run.spikes_seen = int(s.skipped)
+    jump_L = [float(j) for j in s.last_jump_L]
+    top = sorted(range(len(jump_L)), key=lambda l: -jump_L[l])[:3]
+    run.spike = {"spike_step": int(s.last_step) + 1, "spike_loss": float(s.last_loss),
+                 "spike_window_mean": float(s.last_mean), "spike_window_std": float(s.last_std),
+                 "spike_grad_jump": jump_L}
+    if jax.process_index() == 0:  # through the bar, which would otherwise run into the line
+        run.bar.write(f"warning: {new} loss spike(s) skipped (optim.skip_spikes={run.cfg.optim.skip_spikes}), "
+              f"{run.spikes_seen} so far; the latest at step {run.spike['spike_step']}: loss "
+              f"{run.spike['spike_loss']:.4f} against {run.spike['spike_window_mean']:.4f} +- "
+              f"{run.spike['spike_window_std']:.4f}; block gradient norms jumped most in "
+              + ", ".join(f"block {l + 1} (x{jump_L[l]:.3g})" for l in top), file=sys.stderr)
+
+
 def sync(run: Run, step: int) -> None:
     """Waits for the devices; raises TrainingError at the first non-finite loss since the last
     wait (unless optim.skip_nonfinite) or when too many updates in a row were skipped."""
     new_losses = [float(v) for v in jax.device_get(run.pending_losses)]
     run.pending_losses.clear()
     run.metrics.step_losses += new_losses
+    report_spikes(run)
     o = run.cfg.optim
     if not o.skip_nonfinite:
         bad = next((i for i, v in enumerate(new_losses) if not math.isfinite(v)), None)
@@ -119,6 +147,9 @@ def start_line(run: Run, step: int) -> None:
     run.line["tokens_per_sec"] = tokens / (time.perf_counter() - run.last_time)
     if run.skipped is not None:
         run.line["skipped_updates"] = run.skipped
+    if run.spike is not None:
+        run.line |= run.spike
+        run.spike = None
 
 
 def validate(run: Run, step: int) -> None:

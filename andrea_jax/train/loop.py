@@ -17,7 +17,7 @@ from tqdm import tqdm
 from andrea_jax import model as model_lib
 from andrea_jax.config import Config
 from andrea_jax.data import pipeline, tokenizer as tokenizer_lib
-from andrea_jax.train import checkpoint, hooks, preemption
+from andrea_jax.train import checkpoint, hooks, optim, preemption
 from andrea_jax.train.metrics import MetricsLog
 from andrea_jax.train.sharding import batch_devices, batch_spec
 from andrea_jax.train.steps import create_state, make_eval_step, make_mesh, make_train_step
@@ -52,11 +52,23 @@ def _validation(cfg: Config, mesh, val, to_global) -> list:
     return kept
 
 
+def _placed(host, params_like):
+    """Host arrays (train.init_from's weights) in the shardings of the fresh parameters they
+    replace, each process's shards cut from the whole tensor it read."""
+    return jax.tree.map(lambda a, like: jax.make_array_from_callback(a.shape, like.sharding, lambda idx: a[idx]),
+                        host, params_like)
+
+
 def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_schedule_change: bool,
            at_end: AtEnd | None) -> list[dict]:
     mesh = make_mesh(cfg)  # refuses (ConfigError) a mesh that misses the devices, heads, MLP width or batch
-    if ckpt is not None and ckpt.latest_step() is not None:  # before tokenizing: a refusal comes at once
+    resuming = ckpt is not None and ckpt.latest_step() is not None
+    if resuming:  # before tokenizing: a refusal comes at once
         run_dir.check_resume(cfg, allow_schedule_change=allow_schedule_change)
+    init_params = None
+    if cfg.train.init_from and not resuming:  # read before tokenizing too: a folder that does not fit fails at once
+        from andrea_jax.serve import hf_import
+        init_params = hf_import.read_params(cfg, cfg.train.init_from)
     corpus, batches, val = pipeline.build(cfg, run_dir.root)  # also saves the run's tokenizer.json
     batch_sharding = NamedSharding(mesh, batch_spec(cfg, mesh))
     to_global = lambda local: jax.make_array_from_process_local_data(batch_sharding, local)
@@ -66,6 +78,8 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
         pipeline.set_state(batches, cfg, corpus, restored.data_state,
                            where=f"the data state of checkpoint {ckpt.directory}/{restored.step}")
         state, start, step_losses = restored.state, restored.step, restored.step_losses
+    elif init_params is not None:
+        state = state.replace(params=_placed(init_params, state.params))
     if jax.process_index() == 0:
         run_dir.config.write_text(json.dumps(cfg.to_dict(), indent=2))
 
@@ -78,6 +92,8 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
         tqdm(total=cfg.train.steps, initial=start, disable=not show_progress or jax.process_index() != 0,
              dynamic_ncols=True),
         state, start, last_step=start)
+    if (spikes := optim.spike_state(state.opt_state)) is not None:  # a resumed run's are reported already
+        run.spikes_seen = int(jax.device_get(spikes.skipped))
     stop = preemption.StopRequests().install()  # uninstalled in the finally below
     # Printed once signals are caught: from here on SIGTERM / SIGINT stop the run with a checkpoint.
     print(f"ANDREA: {sum(int(p.size) for p in jax.tree.leaves(state.params)):,} parameters, "

@@ -1,10 +1,11 @@
 """AdamW with global-norm clipping and the learning-rate schedules, all from optax, behind a
-finiteness guard that can skip an update whose gradient is not finite (optim.skip_nonfinite), and
-optionally followed by ProRes's per-block update scaling (prores.scale_updates)."""
+finiteness guard that can skip an update whose gradient is not finite (optim.skip_nonfinite),
+optionally behind a loss-spike guard (optim.skip_spikes) and followed by ProRes's per-block update
+scaling (prores.scale_updates)."""
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -85,11 +86,89 @@ def scale_block_updates(inner: optax.GradientTransformation,
     return optax.GradientTransformationExtraArgs(inner.init, update)
 
 
+class SpikeState(NamedTuple):
+    """skip_loss_spikes's state: a ring of the last W applied losses and of their per-block
+    gradient norms, the counts, and what the latest skipped update looked like."""
+    losses_W: jax.Array          # float32 [W]
+    block_norms_WL: jax.Array    # float32 [W, L]
+    taken: jax.Array             # int32: losses written to the ring so far (slot = taken % W)
+    skipped: jax.Array           # int32: updates skipped as spikes
+    last_step: jax.Array         # int32: the step count of the latest skipped update; -1: none yet
+    last_loss: jax.Array         # float32: its loss, and the window's mean and std it was tested against
+    last_mean: jax.Array
+    last_std: jax.Array
+    last_jump_L: jax.Array       # float32 [L]: its block gradient norms over their window means
+    inner_state: optax.OptState
+
+
+def block_grad_norms(blocks) -> jax.Array:
+    """[L] global norm of each block's slice of the stacked block parameters (leaves [L, ...])."""
+    squares = [jnp.sum(jnp.square(g.astype(jnp.float32)).reshape(g.shape[0], -1), axis=1)
+               for g in jax.tree.leaves(blocks)]
+    return jnp.sqrt(sum(squares))
+
+
+def skip_loss_spikes(inner: optax.GradientTransformation, sigmas: float, window: int,
+                     n_layer: int) -> optax.GradientTransformationExtraArgs:
+    """`inner`, except that an update whose loss (`update`'s extra argument loss=, the loss of the
+    batch the gradient came from) is more than `sigmas` standard deviations above the mean of the
+    last `window` applied losses is not applied: zero updates, `inner`'s state (Adam's moments,
+    its count) left as it was, as optax.apply_if_finite does for a non-finite gradient. The test
+    acts once the window is full, and a skipped loss does not enter it, so one spike does not
+    widen the band that lets the next one through. OLMo-core's SkipStepOptimizer tests the same
+    rule (its sigma_factor, over 128 recent losses).
+
+    The state (SpikeState) lives in the optimizer state, hence in checkpoints: a resumed run tests
+    its first steps against the same window. A non-finite loss is never a spike here and never
+    enters the window; optim.skip_nonfinite handles it."""
+    inner = optax.with_extra_args_support(inner)
+
+    def init(params):
+        return SpikeState(jnp.zeros((window,), jnp.float32), jnp.zeros((window, n_layer), jnp.float32),
+                          jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.full((), -1, jnp.int32),
+                          jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
+                          jnp.zeros((n_layer,), jnp.float32), inner.init(params))
+
+    def update(updates, state: SpikeState, params=None, *, loss=None, **extra_args):
+        if loss is None:
+            raise ValueError("optim.skip_spikes: the optimizer update needs loss= (the batch's loss), as "
+                             "andrea_jax.train.steps passes it")
+        loss = jnp.asarray(loss, jnp.float32)
+        mean, std = jnp.mean(state.losses_W), jnp.std(state.losses_W)
+        spike = (state.taken >= window) & jnp.isfinite(loss) & (loss > mean + sigmas * std)
+        updates_out, inner_state = jax.lax.cond(
+            spike, lambda: (optax.tree.zeros_like(updates), state.inner_state),
+            lambda: inner.update(updates, state.inner_state, params, **extra_args))
+        norms_L = block_grad_norms(updates["blocks"])
+        jump_L = norms_L / jnp.maximum(jnp.mean(state.block_norms_WL, axis=0), jnp.finfo(jnp.float32).tiny)
+        take, slot = jnp.isfinite(loss) & ~spike, state.taken % window
+        step = jnp.asarray(extra_args.get("step", -1), jnp.int32)
+        pick = lambda new, old: jnp.where(spike, new, old)
+        return updates_out, SpikeState(
+            losses_W=jnp.where(take, state.losses_W.at[slot].set(loss), state.losses_W),
+            block_norms_WL=jnp.where(take, state.block_norms_WL.at[slot].set(norms_L), state.block_norms_WL),
+            taken=state.taken + take.astype(jnp.int32), skipped=state.skipped + spike.astype(jnp.int32),
+            last_step=pick(step, state.last_step), last_loss=pick(loss, state.last_loss),
+            last_mean=pick(mean, state.last_mean), last_std=pick(std, state.last_std),
+            last_jump_L=pick(jump_L, state.last_jump_L), inner_state=inner_state)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def spike_state(opt_state) -> SpikeState | None:
+    """The SpikeState inside a run's optimizer state (None: optim.skip_spikes is off)."""
+    states = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, SpikeState))
+              if isinstance(s, SpikeState)]
+    return states[0] if states else None
+
+
 def make(cfg: OptimConfig, total_steps: int, family: str = "gpt2",
-         block_scales: Callable[[jax.Array], jax.Array] | None = None) -> optax.GradientTransformation:
+         block_scales: Callable[[jax.Array], jax.Array] | None = None,
+         n_layer: int | None = None) -> optax.GradientTransformation:
     """The run's optimizer. family: model.family (its decay mask). block_scales: None (the paper's
     AdamW), or step -> [L] factors of the blocks' updates (scale_block_updates; `update` then
-    needs step=)."""
+    needs step=). n_layer: model.n_layer, needed with optim.skip_spikes (`update` then needs
+    loss=)."""
     mask = decay_mask if family == "gpt2" else functools.partial(decay_mask, family=family)
     adamw = optax.chain(
         optax.clip_by_global_norm(cfg.clip_norm),
@@ -98,6 +177,10 @@ def make(cfg: OptimConfig, total_steps: int, family: str = "gpt2",
     )
     if block_scales is not None:
         adamw = scale_block_updates(adamw, block_scales)
+    if cfg.skip_spikes:
+        if n_layer is None:
+            raise ValueError("optim.skip_spikes: make() needs n_layer (it keeps per-block gradient norms)")
+        adamw = skip_loss_spikes(adamw, cfg.skip_spikes, cfg.skip_spikes_window, n_layer)
     # Always wrapped, so the optimizer state has one structure and skip_nonfinite can be switched
     # on when resuming a run that hit a NaN. Off, a limit of 0 skipped updates applies every
     # update unchanged (the guard only counts); on, no non-finite update is ever applied: the

@@ -31,15 +31,26 @@ def cross_entropy(logits_BTV, targets_BT):
     return optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT).mean()
 
 
+def z_loss_term(logits_BTV, coefficient: float):
+    """coefficient * mean(log Z)^2 with Z the softmax's normaliser (PaLM's auxiliary loss, which
+    keeps the logits from drifting: log Z near 0 makes the softmax close to its logits' exp)."""
+    log_z_BT = jax.nn.logsumexp(logits_BTV.astype(jnp.float32), axis=-1)
+    return coefficient * jnp.mean(jnp.square(log_z_BT))
+
+
 def loss_fn(params, model, tokens_BT1, alphas_L):
     logits = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L).logits
     return cross_entropy(logits, tokens_BT1[:, 1:])
 
 
-def loss_and_stats(params, model, tokens_BT1, alphas_L):
-    """loss_fn of a model built with diagnostics=True: (loss, per-layer stats of the scan)."""
+def objective(params, model, tokens_BT1, alphas_L, z_loss: float = 0.0):
+    """What the train step differentiates: (cross-entropy + z-loss, (cross-entropy, aux)), aux a
+    dict of `stats` (the scan's per-layer statistics of a model built with diagnostics=True, else
+    None) and `z_loss` (its term; None when the coefficient is 0)."""
     out = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L)
-    return cross_entropy(out.logits, tokens_BT1[:, 1:]), out.stats
+    loss = cross_entropy(out.logits, tokens_BT1[:, 1:])
+    z = z_loss_term(out.logits, z_loss) if z_loss else None
+    return loss + (0.0 if z is None else z), (loss, {"stats": out.stats, "z_loss": z})
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,7 +58,7 @@ def _tx_and_model(cfg: Config):
     """One optimizer and one model per config: they sit in the TrainState's tree structure, which
     the jitted step's shardings must match, so create_state and make_train_step share them."""
     scales = None if cfg.prores.scale_updates == "none" else functools.partial(prores.update_scales, cfg)
-    return (optim.make(cfg.optim, cfg.train.steps, cfg.model.family, scales),
+    return (optim.make(cfg.optim, cfg.train.steps, cfg.model.family, scales, n_layer=cfg.model.n_layer),
             model_lib.Andrea(cfg.model, cfg.kernels.impl))
 
 
@@ -137,10 +148,12 @@ def _microbatched(grad_fn, cfg: Config, mesh: jax.sharding.Mesh, param_shardings
     return accumulated
 
 
-def apply_update(state: train_state.TrainState, grads) -> train_state.TrainState:
-    """One optimizer update, as TrainState.apply_gradients makes it, with the step count passed
-    to the optimizer (prores.scale_updates computes its block factors from it)."""
-    updates, opt_state = state.tx.update(grads, state.opt_state, state.params, step=state.step)
+def apply_update(state: train_state.TrainState, grads, loss=None) -> train_state.TrainState:
+    """One optimizer update, as TrainState.apply_gradients makes it, with the step count and the
+    batch's loss passed to the optimizer (prores.scale_updates computes its block factors from the
+    step, optim.skip_spikes tests the loss)."""
+    extra = {} if loss is None else {"loss": loss}
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params, step=state.step, **extra)
     return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                          opt_state=opt_state)
 
@@ -150,7 +163,9 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
     also returns, per layer [L], the scan's statistics (andrea_jax.model.Block), the gradient norm
     of the block's parameters and the effective alpha; the loop calls it every
     `diagnostics.every` steps, so ordinary steps compute none of them. With train.microbatches
-    > 1 the loss, gradients and statistics are means over the microbatches."""
+    > 1 the loss, gradients and statistics are means over the microbatches. Metrics: loss (the
+    cross-entropy), grad_norm, lr; z_loss with optim.z_loss; skipped_spikes (so far) with
+    optim.skip_spikes, whose test is given the step's loss."""
     sharding.check(cfg, mesh)
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl, diagnostics=with_diagnostics, padded_logits=True)
     schedule = optim.lr_schedule(cfg.optim, cfg.train.steps)
@@ -160,16 +175,19 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
         alphas_L = prores.run_alphas(cfg, state.step)  # inside jit: a new step never recompiles
 
         def grad_fn(params, tokens):
-            if with_diagnostics:
-                return jax.value_and_grad(loss_and_stats, has_aux=True)(params, model, tokens, alphas_L)
-            loss, grads = jax.value_and_grad(loss_fn)(params, model, tokens, alphas_L)
-            return (loss, None), grads
+            (_, (loss, aux)), grads = jax.value_and_grad(objective, has_aux=True)(
+                params, model, tokens, alphas_L, cfg.optim.z_loss)
+            return (loss, aux), grads
 
-        (loss, stats_L), grads = _microbatched(grad_fn, cfg, mesh, state_sh.params)(state.params, tokens_BT1)
+        (loss, aux), grads = _microbatched(grad_fn, cfg, mesh, state_sh.params)(state.params, tokens_BT1)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
-        new_state = apply_update(state, grads)
+        if aux["z_loss"] is not None:
+            metrics["z_loss"] = aux["z_loss"]
+        new_state = apply_update(state, grads, loss)
+        if (spikes := optim.spike_state(new_state.opt_state)) is not None:
+            metrics["skipped_spikes"] = spikes.skipped
         if with_diagnostics:
-            metrics |= {**stats_L, "layer_grad_norm": diag_lib.layer_norms(grads["blocks"]),
+            metrics |= {**aux["stats"], "layer_grad_norm": diag_lib.layer_norms(grads["blocks"]),
                         "update_ratio": diag_lib.update_ratios(new_state.params["blocks"], state.params["blocks"])}
         return new_state, metrics
 
