@@ -171,6 +171,7 @@ class TrainConfig:
     log_every: int = 10         # steps between metric lines (each costs one host sync)
     eval_every: int = 1000      # steps between validation passes; 0 = only at the end
     eval_batches: int = 8       # validation batches per pass (the set itself is fixed)
+    eval_tasks: str = ""        # comma-separated task files (.jsonl, as `evaluate --task`) scored at every evaluation: task/NAME/METRIC
     sample_tokens: int = 0      # tokens of text generated at the end of the run (0 = none)
     checkpoint_every: int = 1000  # steps between Orbax checkpoints (and at the end); 0 = none, no resume
     keep_checkpoints: int = 3   # newest checkpoints kept on disk
@@ -230,6 +231,7 @@ class DiagnosticsConfig:
     spike_window: int = 1000    # loss-spike score: previous steps in the rolling mean/std (OLMo 2: 1000)
     spike_sigmas: float = 6.0   # loss-spike score: a spike is a loss above rolling mean + this many stds
     tensorboard: bool = True    # also write every metric line as TensorBoard events under WORKDIR/tb
+    knockout: bool = False      # at each evaluation, the validation-loss change with each block's alpha set to 0 (`knockout`, [L])
 
     def check(self) -> None:
         _need(self.every >= 0, "diagnostics.every", f"must be >= 0, got {self.every}")

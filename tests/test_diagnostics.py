@@ -158,6 +158,27 @@ def test_spike_score_counts_upward_excursions_against_the_rolling_window():
     np.testing.assert_array_equal(diagnostics.spike_flags(noisy, 20, 1.5), brute_force_spikes(noisy, 20, 1.5))
 
 
+def test_knockout_sets_one_block_s_alpha_to_zero_at_a_time():
+    from andrea_jax.config import Config, ProResConfig
+    from andrea_jax.model import prores
+    # Stagewise from 0, T = 10, L = 4, step 15: alphas [1, 0.5, 0, 0] (the last two blocks still off).
+    cfg = Config(model=SMALL, prores=ProResConfig(schedule="stagewise_0", warmup=10))
+    alphas = np.asarray(prores.run_alphas(cfg, 15))
+    np.testing.assert_array_equal(alphas, [1.0, 0.5, 0.0, 0.0])
+    params = model_lib.init(SMALL, jax.random.key(0))["params"]
+    tokens = jax.random.randint(jax.random.key(1), (2, 17), 0, 300)
+    losses = np.asarray(steps.make_knockout_step(cfg, steps.make_mesh(cfg))(params, jnp.int32(15), tokens))
+    model = model_lib.Andrea(SMALL, padded_logits=True)
+    by_hand = lambda a: float(steps.loss_fn(params, model, tokens, jnp.asarray(a, jnp.float32)))
+    base = by_hand(alphas)
+    # Block 1 knocked out by hand: alphas [0, 0.5, 0, 0] (vmapped and alone: measured 8e-8 to 1.7e-7 apart).
+    np.testing.assert_allclose(losses[0], by_hand([0.0, 0.5, 0.0, 0.0]), rtol=1e-6)
+    assert abs(losses[0] - base) > 1e-3 and abs(losses[1] - base) > 1e-4
+    # Blocks at alpha 0 are off already: knocking them out changes nothing.
+    np.testing.assert_allclose(losses[2:], [base, base], rtol=1e-6)
+    assert losses[2] == losses[3]
+
+
 def test_trainer_logs_diagnostics_to_jsonl_and_tensorboard(tmp_path):
     cfg = config_lib.load("tiny")
     cfg = config_lib.override(cfg, [
@@ -166,7 +187,8 @@ def test_trainer_logs_diagnostics_to_jsonl_and_tensorboard(tmp_path):
         "train.eval_batches=1", "train.sample_tokens=0", "prores.schedule=linear", "prores.warmup=2",
         # An LR so small that the loss only moves with the batch, up as often as down, and a
         # threshold of 0.01 sigmas: some of these steps spike (steps 3 and 4, measured).
-        "optim.lr=1e-6", "diagnostics.every=2", "diagnostics.spike_window=2", "diagnostics.spike_sigmas=0.01"])
+        "optim.lr=1e-6", "diagnostics.every=2", "diagnostics.spike_window=2", "diagnostics.spike_sigmas=0.01",
+        "diagnostics.knockout=true"])
     log = trainer.train(config_lib.validate(cfg), tmp_path, show_progress=False)
     lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines == log
@@ -189,10 +211,13 @@ def test_trainer_logs_diagnostics_to_jsonl_and_tensorboard(tmp_path):
         want = brute_force_spikes(step_losses[:step], 2, 0.01).sum() / (step - 2)
         assert score == pytest.approx(want, abs=1e-12), (step, step_losses.tolist())
     assert scores[6] > 0, step_losses.tolist()
+    # Knockout at each evaluation: one value per block, the loss rising when a block that is on goes.
+    assert [l["step"] for l in lines if "knockout" in l] == [3, 6]
+    assert all(len(l["knockout"]) == 3 and max(l["knockout"]) > 0 for l in lines if "knockout" in l)
 
     scalars = read_tensorboard_scalars(tmp_path / "tb")
     want_tags = {"loss", "resid_rms/layer_001", "resid_rms/layer_003", "layer_grad_norm/max", "alpha/layer_002",
-                 "mlp_branch_ratio/layer_003", "update_ratio/layer_001"}
+                 "mlp_branch_ratio/layer_003", "update_ratio/layer_001", "knockout/layer_003"}
     assert want_tags <= set(scalars)
     assert [s for s, _ in scalars["resid_rms/layer_002"]] == [1, 2, 4, 6]
     np.testing.assert_allclose([v for _, v in scalars["resid_rms/layer_002"]],

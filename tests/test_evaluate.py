@@ -1,6 +1,7 @@
 """andrea_jax.evaluate: perplexity, bits per byte, strided windows, task scoring and the CLI, each
 checked against a computation done here with a plain forward pass of the model."""
 import functools
+import json
 import math
 import pathlib
 import subprocess
@@ -225,3 +226,15 @@ def test_cli_missing_workdir_is_a_one_line_error(tmp_path):
     proc = run_cli("--workdir", tmp_path / "nope")
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"error: {tmp_path / 'nope'}: no such run folder"
+
+
+def test_tasks_scored_in_the_training_loop_equal_evaluate_on_the_checkpoint(trained_run):
+    files = [REPO / "tasks" / "shakespeare_mc.jsonl", REPO / "tasks" / "shakespeare_lambada.jsonl"]
+    workdir = trained_run("train.eval_tasks=" + ",".join(map(str, files)))
+    last = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])  # the final evaluation, step 6
+    restored = load.load(workdir=workdir)
+    assert restored.step == last["step"] == 6
+    for path in files:
+        want = tasks.score_task(restored, tasks.read_task(path))  # what `evaluate --task` prints
+        got = {k.split("/")[-1]: v for k, v in last.items() if k.startswith(f"task/{path.stem}/")}
+        assert got and got == {k: v for k, v in want.items() if k not in ("kind", "n")}, (got, want)

@@ -23,9 +23,8 @@ import jax.numpy as jnp
 from andrea_jax.config import Config
 from andrea_jax.data import pipeline
 from andrea_jax.errors import TrainingError
-from andrea_jax.train import checkpoint, diagnostics, optim, preemption
+from andrea_jax.train import checkpoint, diagnostics, optim, preemption, steps
 from andrea_jax.train.metrics import MetricsLog, metric_line
-from andrea_jax.train.steps import evaluate
 from andrea_jax.workdir import Workdir
 
 SYNC = frozenset({"log", "checkpoint"})  # what needs the host to wait for the devices
@@ -49,6 +48,8 @@ class Run:
     step_metrics: dict | None = None
     pending_losses: list = dataclasses.field(default_factory=list)  # on the device until `sync`
     skipped: int | None = None    # updates skipped so far (optim.skip_nonfinite)
+    knockout_step: Callable | None = None  # diagnostics.knockout: steps.make_knockout_step
+    tasks: dict = dataclasses.field(default_factory=dict)  # train.eval_tasks: {name: examples}
     spikes_seen: int = 0          # loss spikes skipped (optim.skip_spikes) already reported
     spike: dict | None = None     # the latest skipped spike not yet in a metric line
     line: dict | None = None      # the metric line being built at a log step
@@ -154,10 +155,27 @@ def start_line(run: Run, step: int) -> None:
 
 def validate(run: Run, step: int) -> None:
     if run.val:
-        run.line |= evaluate(run.eval_step, run.state.params, run.state.step, run.val, run.bytes_per_token_V)
+        run.line |= steps.evaluate(run.eval_step, run.state.params, run.state.step, run.val, run.bytes_per_token_V)
         run.bar.write(f"step {step}: loss {run.line['loss']:.4f}  val_loss {run.line['val_loss']:.4f}")
+        if run.knockout_step is not None:
+            run.line["knockout"] = steps.knockout(run.knockout_step, run.state.params, run.state.step, run.val,
+                                                  run.line["val_loss"])
+    if run.tasks:
+        run.line |= score_tasks(run, step)
     g = run.cfg.diagnostics
     run.line["spike_score"] = diagnostics.spike_score(run.metrics.step_losses, g.spike_window, g.spike_sigmas)
+
+
+def score_tasks(run: Run, step: int) -> dict:
+    """train.eval_tasks on the current parameters, scored by the code of `evaluate --task` (the
+    same numbers as on this step's checkpoint): {task/NAME/METRIC: value}."""
+    from andrea_jax.serve import load, tasks as tasks_lib
+    loaded = load.LoadedModel(run.cfg, run.state.params, run.corpus.tokenizer, step, str(run.run_dir.root))
+    line = {}
+    for name, examples in run.tasks.items():
+        metrics = tasks_lib.score_task(loaded, examples)
+        line |= {f"task/{name}/{k}": float(v) for k, v in metrics.items() if k not in ("kind", "n")}
+    return line
 
 
 def write_line(run: Run, step: int) -> None:

@@ -15,12 +15,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
 from andrea_jax import model as model_lib
-from andrea_jax.config import Config
+from andrea_jax.config import Config, ConfigError
 from andrea_jax.data import pipeline, tokenizer as tokenizer_lib
 from andrea_jax.train import checkpoint, hooks, optim, preemption
 from andrea_jax.train.metrics import MetricsLog
 from andrea_jax.train.sharding import batch_devices, batch_spec
-from andrea_jax.train.steps import create_state, make_eval_step, make_mesh, make_train_step
+from andrea_jax.train.steps import (create_state, make_eval_step, make_knockout_step, make_mesh,
+                                    make_train_step)
 from andrea_jax.workdir import Workdir
 
 # at_end(cfg, run_dir, state, tokenizer, has_checkpoint=...): called on every process after the
@@ -59,6 +60,19 @@ def _placed(host, params_like):
                         host, params_like)
 
 
+def _read_tasks(cfg: Config) -> dict:
+    """train.eval_tasks: {file stem: examples}, read and checked as `evaluate --task` reads them."""
+    paths = [p.strip() for p in cfg.train.eval_tasks.split(",") if p.strip()]
+    if not paths:
+        return {}
+    from andrea_jax.serve import tasks as tasks_lib
+    read = {pathlib.Path(p).stem: tasks_lib.read_task(p) for p in paths}
+    if len(read) < len(paths):
+        raise ConfigError(f"train.eval_tasks: two files share a name ({cfg.train.eval_tasks}); their metrics "
+                          f"are logged as task/NAME/...")
+    return read
+
+
 def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_schedule_change: bool,
            at_end: AtEnd | None) -> list[dict]:
     mesh = make_mesh(cfg)  # refuses (ConfigError) a mesh that misses the devices, heads, MLP width or batch
@@ -69,6 +83,7 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
     if cfg.train.init_from and not resuming:  # read before tokenizing too: a folder that does not fit fails at once
         from andrea_jax.serve import hf_import
         init_params = hf_import.read_params(cfg, cfg.train.init_from)
+    tasks = _read_tasks(cfg)  # before tokenizing: a bad task file fails at once
     corpus, batches, val = pipeline.build(cfg, run_dir.root)  # also saves the run's tokenizer.json
     batch_sharding = NamedSharding(mesh, batch_spec(cfg, mesh))
     to_global = lambda local: jax.make_array_from_process_local_data(batch_sharding, local)
@@ -92,6 +107,9 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
         tqdm(total=cfg.train.steps, initial=start, disable=not show_progress or jax.process_index() != 0,
              dynamic_ncols=True),
         state, start, last_step=start)
+    if cfg.diagnostics.knockout:
+        run.knockout_step = make_knockout_step(cfg, mesh)
+    run.tasks = tasks
     if (spikes := optim.spike_state(state.opt_state)) is not None:  # a resumed run's are reported already
         run.spikes_seen = int(jax.device_get(spikes.skipped))
     stop = preemption.StopRequests().install()  # uninstalled in the finally below

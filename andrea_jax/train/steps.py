@@ -210,6 +210,29 @@ def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
                                  replicated))
 
 
+def make_knockout_step(cfg: Config, mesh: jax.sharding.Mesh):
+    """(params, step, tokens_BT1) -> [L] mean losses, entry l with block l's alpha set to 0 (its
+    branches removed; a learned gate multiplies the 0): one vmapped pass over the L one-hot
+    masks of the alphas, which are an input of the model, so nothing is retraced or copied."""
+    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, padded_logits=True)
+
+    def knockout_step(params, step, tokens_BT1):
+        alphas_L = prores.run_alphas(cfg, step)
+        kept_LL = 1.0 - jnp.eye(cfg.model.n_layer, dtype=jnp.float32)
+        return jax.vmap(lambda kept_L: loss_fn(params, model, tokens_BT1, alphas_L * kept_L))(kept_LL)
+
+    replicated = NamedSharding(mesh, P())
+    return jax.jit(_in_layout(cfg, mesh, knockout_step),
+                   in_shardings=(sharding.param_shardings(cfg, mesh), replicated, batch_sharding(cfg, mesh)),
+                   out_shardings=replicated)
+
+
+def knockout(knockout_step, params, step, batches, val_loss: float) -> list[float]:
+    """Per block, the mean validation loss over `batches` with its alpha at 0, minus val_loss."""
+    losses_NL = np.asarray(jax.device_get([knockout_step(params, step, b) for b in batches]), np.float64)
+    return [float(x) for x in losses_NL.mean(axis=0) - val_loss]
+
+
 def evaluate(eval_step, params, step, batches, bytes_per_token_V) -> dict:
     """val_loss (mean nats per token) and val_bpb (summed nats / ln 2 / UTF-8 bytes of the targets)
     over equal-sized batches."""
