@@ -231,6 +231,8 @@ class DiagnosticsConfig:
     spike_window: int = 1000    # loss-spike score: previous steps in the rolling mean/std (OLMo 2: 1000)
     spike_sigmas: float = 6.0   # loss-spike score: a spike is a loss above rolling mean + this many stds
     tensorboard: bool = True    # also write every metric line as TensorBoard events under WORKDIR/tb
+    wandb: str = ""             # a Weights & Biases project: every metric line, the config and the tags go there too (extra `wandb`)
+    wandb_tags: str = ""        # wandb: comma-separated tags, besides family=, norm=, prores= and scale_updates= of the run
     knockout: bool = False      # at each evaluation, the validation-loss change with each block's alpha set to 0 (`knockout`, [L])
 
     def check(self) -> None:

@@ -40,6 +40,7 @@ from andrea_jax.errors import ResumeError, WorkdirBusy, WorkdirError
 
 CONFIG, TOKENIZER, METRICS, STEP_LOSSES = "config.json", "tokenizer.json", "metrics.jsonl", "step_losses.npy"
 CHECKPOINTS, TENSORBOARD, LOCK = "checkpoints", "tb", ".lock"
+WANDB_ID = "wandb_id"  # diagnostics.wandb: the W&B run id, kept so that a resumed run continues the same W&B run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Workdir:
     checkpoints = property(lambda self: self.root / CHECKPOINTS)
     tensorboard = property(lambda self: self.root / TENSORBOARD)
     lock = property(lambda self: self.root / LOCK)
+    wandb_id = property(lambda self: self.root / WANDB_ID)
 
     def create(self) -> "Workdir":
         """Makes the folder; WorkdirError when the path is a file or cannot be written."""

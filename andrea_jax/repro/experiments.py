@@ -175,10 +175,12 @@ SCALED_TINY = dataclasses.replace(
 def _depth_scaled(n_layer: int) -> Experiment:
     return Experiment(
         name=f"depth_scaled_{n_layer}",
-        title=f"Experiment G: Pre-LN at depth {n_layer}, none against linear ProRes with updates scaled",
+        title=f"Experiment G: Pre-LN at depth {n_layer}, none against linear ProRes with and without updates scaled",
         config=f"depth:family=tiny,layers={n_layer}",
+        # linear last: the paper's unscaled ProRes, the arm its depth claim is about (run after the first two)
         arms={"none": ("prores.schedule=none",),
-              "linear_alpha": ("prores.schedule=linear", "prores.scale_updates=alpha")},
+              "linear_alpha": ("prores.schedule=linear", "prores.scale_updates=alpha"),
+              "linear": ("prores.schedule=linear",)},
         common=("model.norm=pre", "train.steps=300", "train.sample_tokens=0", *_QUIET),  # the config's 300, stated
         seeds=(0, 1, 2),
         baseline="none",

@@ -150,7 +150,8 @@ def comparison_rows(summaries: dict) -> list:
 def comparison_table(summaries: dict) -> list:
     rows = comparison_rows(summaries)
     if not rows:
-        return ["No experiment has finished runs yet.", ""]
+        return ["No experiment with rows in this comparison (A: `ablation`, B: `stability`) has finished "
+                "runs here; each experiment below states the claim it is read against (*Against*).", ""]
     out = ["| paper table | finding | paper | ours | direction holds? |", "|---|---|---|---|---|"]
     out += [f"| {' | '.join(r)} |" for r in rows]
     return out + ["", "Table numbers as the issue cites them (2: the headline sizes; 6: the schedule "

@@ -18,7 +18,7 @@ from andrea_jax import model as model_lib
 from andrea_jax.config import Config, ConfigError
 from andrea_jax.data import pipeline, tokenizer as tokenizer_lib
 from andrea_jax.train import checkpoint, hooks, optim, preemption
-from andrea_jax.train.metrics import MetricsLog
+from andrea_jax.train.metrics import MetricsLog, import_wandb
 from andrea_jax.train.sharding import batch_devices, batch_spec
 from andrea_jax.train.steps import (create_state, make_eval_step, make_knockout_step, make_mesh,
                                     make_train_step)
@@ -84,6 +84,8 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
         from andrea_jax.serve import hf_import
         init_params = hf_import.read_params(cfg, cfg.train.init_from)
     tasks = _read_tasks(cfg)  # before tokenizing: a bad task file fails at once
+    if cfg.diagnostics.wandb:
+        import_wandb()  # and a missing wandb package too
     corpus, batches, val = pipeline.build(cfg, run_dir.root)  # also saves the run's tokenizer.json
     batch_sharding = NamedSharding(mesh, batch_spec(cfg, mesh))
     to_global = lambda local: jax.make_array_from_process_local_data(batch_sharding, local)

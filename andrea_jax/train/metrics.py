@@ -1,4 +1,5 @@
-"""Where metric lines go: WORKDIR/metrics.jsonl, TensorBoard, and the per-step losses.
+"""Where metric lines go: WORKDIR/metrics.jsonl, TensorBoard, Weights & Biases
+(diagnostics.wandb), and the per-step losses.
 
 Written by process 0 only. On a resumed run the lines and losses of steps after the restored
 checkpoint are dropped, so the files read as one uninterrupted run.
@@ -6,11 +7,12 @@ checkpoint are dropped, so the files read as one uninterrupted run.
 from __future__ import annotations
 
 import json
+import secrets
 
 import jax
 import numpy as np
 
-from andrea_jax.config import Config
+from andrea_jax.config import Config, ConfigError
 from andrea_jax.workdir import Workdir
 
 
@@ -28,18 +30,50 @@ def _tensorboard(cfg: Config, run_dir: Workdir):
     return SummaryWriter(str(run_dir.tensorboard))
 
 
-def write_tensorboard(writer, line: dict) -> None:
-    """Scalars under their names; per-layer lists as NAME/layer_LLL (1-based) plus NAME/max."""
-    step = line["step"]
+def scalars(line: dict) -> dict:
+    """A metric line's values as named scalars: per-layer lists as NAME/layer_LLL (1-based) plus
+    NAME/max; `step` left out."""
+    out = {}
     for key, value in line.items():
         if key == "step":
             continue
         if isinstance(value, list):
-            for l, v in enumerate(value, start=1):
-                writer.add_scalar(f"{key}/layer_{l:03d}", v, step)
-            writer.add_scalar(f"{key}/max", max(value), step)
+            out |= {f"{key}/layer_{l:03d}": v for l, v in enumerate(value, start=1)}
+            out[f"{key}/max"] = max(value)
         else:
-            writer.add_scalar(key, value, step)
+            out[key] = value
+    return out
+
+
+def write_tensorboard(writer, line: dict) -> None:
+    for tag, value in scalars(line).items():
+        writer.add_scalar(tag, value, line["step"])
+
+
+def import_wandb():
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("diagnostics.wandb needs the wandb package: pip install -e \".[wandb]\"") from None
+    return wandb
+
+
+def wandb_tags(cfg: Config) -> list[str]:
+    own = [t.strip() for t in cfg.diagnostics.wandb_tags.split(",") if t.strip()]
+    return own + [f"family={cfg.model.family}", f"norm={cfg.model.norm}", f"prores={cfg.prores.schedule}",
+                  f"scale_updates={cfg.prores.scale_updates}"]
+
+
+def _wandb_run(cfg: Config, run_dir: Workdir):
+    """A W&B run named after the workdir, with the resolved config and the tags; its id is kept in
+    the workdir, so a resumed run logs into the same W&B run (WANDB_MODE=offline works too)."""
+    if not cfg.diagnostics.wandb or jax.process_index() != 0:
+        return None
+    wandb = import_wandb()
+    run_id = run_dir.wandb_id.read_text().strip() if run_dir.wandb_id.is_file() else secrets.token_hex(4)
+    run_dir.wandb_id.write_text(run_id + "\n")
+    return wandb.init(project=cfg.diagnostics.wandb, dir=str(run_dir.root), name=run_dir.root.name, id=run_id,
+                      resume="allow", config=cfg.to_dict(), tags=wandb_tags(cfg))
 
 
 class MetricsLog:
@@ -56,6 +90,7 @@ class MetricsLog:
         if self.file:
             self.file.writelines(l + "\n" for l in kept)
         self.writer = _tensorboard(cfg, run_dir)
+        self.wandb = _wandb_run(cfg, run_dir)
 
     def write(self, line: dict) -> None:
         if self.file:
@@ -63,6 +98,8 @@ class MetricsLog:
             self.file.flush()
         if self.writer is not None:
             write_tensorboard(self.writer, line)
+        if self.wandb is not None:
+            self.wandb.log(scalars(line), step=line["step"])
 
     def close(self) -> None:
         if self.file:
@@ -70,3 +107,5 @@ class MetricsLog:
             np.save(self.losses_path, np.asarray(self.step_losses, np.float32))
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
