@@ -26,6 +26,7 @@ class Experiment:
     precheck_steps: int = 0   # > 0: first a short run of the first two arms that prints the gradient ratio
     precheck_sets: tuple = ()
     sweeps_t: bool = False    # arms T<k> are linear ProRes with T = k: report loss against T L / steps
+    command: str = ""         # how to rerun it, when not `scripts/reproduce_prores.py --experiment NAME` (sweeps)
 
     def steps(self) -> int:
         return int(dict(s.split("=", 1) for s in self.common)["train.steps"])

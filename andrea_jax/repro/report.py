@@ -101,6 +101,7 @@ def summarize_experiment(exp, runs_dir: pathlib.Path) -> dict | None:
              "prores_warmup": cfg["prores"]["warmup"], "adam_horizon": 1.0 / (1.0 - cfg["optim"]["b2"])} if cfg else {}
     wall = runs_dir / "wall.json"
     return {**shape, "precheck": precheck, "title": exp.title, "config": exp.config, "scale": exp.scale,
+            **({"command": exp.command} if exp.command else {}),
             "paper": exp.paper, "baseline": exp.baseline, "toy": meta["toy"], "seeds": meta["seeds"],
             "extra": meta["extra"], "jobs": meta.get("jobs", 2), "default_seeds": list(exp.seeds),
             "sweeps_t": exp.sweeps_t,
@@ -147,11 +148,13 @@ def draw(exp, runs_dir: pathlib.Path, summary: dict, out: pathlib.Path) -> list:
     return written
 
 
-def write_all(runs_root: pathlib.Path, out: pathlib.Path, toy: bool = False) -> list:
-    """Summaries and figures of every experiment with runs under runs_root; OUT/RESULTS.md."""
+def write_all(runs_root: pathlib.Path, out: pathlib.Path, toy: bool = False, exps: dict | None = None) -> list:
+    """Summaries and figures of every experiment with runs under runs_root; OUT/RESULTS.md.
+    exps: {name: Experiment} (a sweep's groups); default the reproduction's EXPERIMENTS."""
     figures_root = out / "prores_repro"
     summaries = {}
-    for name, exp in experiments.EXPERIMENTS.items():
+    known = experiments.EXPERIMENTS if exps is None else exps
+    for name, exp in known.items():
         runs_dir = runs_root / name
         summary = summarize_experiment(exp, runs_dir)
         if summary is None:
@@ -165,5 +168,5 @@ def write_all(runs_root: pathlib.Path, out: pathlib.Path, toy: bool = False) -> 
     report = out / "RESULTS.md"
     shown = lambda path: os.path.relpath(path, pathlib.Path.cwd()) if path.is_relative_to(pathlib.Path.cwd()) else str(path)
     report.write_text(tables.results_markdown(summaries, machine(), notes.read_text() if notes.is_file() else "",
-                                              runs=shown(runs_root), out=shown(out)))
+                                              runs=shown(runs_root), out=shown(out), known=list(known)))
     return [report, summary_path, *[out / f for s in summaries.values() for f in s["figures"]]]

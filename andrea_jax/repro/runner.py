@@ -12,6 +12,7 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import queue
 import shlex
 import shutil
 import subprocess
@@ -73,14 +74,23 @@ def _classify(workdir: pathlib.Path, returncode: int, steps: int) -> str:
     return "diverged" if "non-finite" in log else "failed"
 
 
-def train_one(command: list, workdir: pathlib.Path, code: pathlib.Path, steps: int) -> dict:
-    if workdir.exists():  # a stopped or outdated run restarts from scratch (runs keep no checkpoints)
+COMMAND = "command.txt"  # a run's command, written when it starts: what a resumed run must match
+
+
+def train_one(command: list, workdir: pathlib.Path, code: pathlib.Path, steps: int, *, resume: bool = False,
+              env: dict | None = None) -> dict:
+    """Trains one run in its own process. A stopped or outdated run restarts from scratch, or,
+    with `resume`, a stopped run of the same command continues from its newest checkpoint
+    (train.py resumes by itself); env: extra environment (e.g. CUDA_VISIBLE_DEVICES)."""
+    same = (workdir / COMMAND).is_file() and (workdir / COMMAND).read_text() == shlex.join(command[1:])
+    if workdir.exists() and not (resume and same):
         shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / COMMAND).write_text(shlex.join(command[1:]))
     start = time.perf_counter()
-    with (workdir / "train.log").open("w") as log:
+    with (workdir / "train.log").open("a" if resume else "w") as log:
         rc = subprocess.run(command, cwd=code, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(code)}).returncode
+                            env={**os.environ, "PYTHONPATH": str(code), **(env or {})}).returncode
     result = {"command": shlex.join(command[1:]), "returncode": rc, "seconds": time.perf_counter() - start,
               "outcome": _classify(workdir, rc, steps)}
     (workdir / "result.json").write_text(json.dumps(result, indent=1))
@@ -92,14 +102,31 @@ def steps_of(sets) -> int:
     return int([s for s in sets if s.startswith("train.steps=")][-1].split("=", 1)[1])
 
 
-def run_all(runs: dict, code: pathlib.Path, jobs: int, log=print) -> float:
+def run_all(runs: dict, code: pathlib.Path, jobs: int, log=print, *, resume: bool = False,
+            device_sets: list[str] | None = None) -> float:
     """Trains every run of {name: (command, workdir, steps)} that has no outcome yet, `jobs` at a
-    time, in the order given. Returns the wall-clock seconds spent."""
+    time, in the order given (`resume`: see train_one). device_sets: one CUDA_VISIBLE_DEVICES
+    value per concurrent slot (then jobs = len(device_sets)); each run holds one while it trains.
+    Returns the wall-clock seconds spent."""
     todo = [n for n, (cmd, wd, _) in runs.items() if outcome(wd, cmd) is None]
+    jobs = len(device_sets) if device_sets else jobs
     log(f"{len(runs) - len(todo)} of {len(runs)} runs already done; training {len(todo)}, {jobs} at a time")
+    free = queue.Queue()
+    for devices in device_sets or [None] * max(1, jobs):
+        free.put(devices)
+
+    def on_a_slot(name):
+        devices = free.get()
+        try:
+            env = None if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
+            command, workdir, steps = runs[name]
+            return train_one(command, workdir, code, steps, resume=resume, env=env)
+        finally:
+            free.put(devices)
+
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
-        futures = {pool.submit(train_one, runs[n][0], runs[n][1], code, runs[n][2]): n for n in todo}
+        futures = {pool.submit(on_a_slot, n): n for n in todo}
         for future in concurrent.futures.as_completed(futures):
             r = future.result()
             log(f"{time.strftime('%H:%M:%S')} {futures[future]}: {r['outcome']} (rc {r['returncode']}), "

@@ -169,10 +169,11 @@ def experiment_section(name: str, s: dict) -> list:
            f"- Seeds {', '.join(map(str, s['seeds']))}; {len(s['runs'])} runs, "
            f"{s['train_seconds'] / 60:.0f} min of training in all, {s['wall_seconds'] / 60:.0f} min of wall time "
            f"({s['jobs']} runs at a time).",
-           f"- Command: `python scripts/reproduce_prores.py --experiment {name}"
-           f"{' --seeds ' + str(len(s['seeds'])) if len(s['seeds']) != len(s.get('default_seeds', s['seeds'])) else ''}"
-           f"{' ' + ' '.join('--set ' + x for x in s['extra']) if s['extra'] else ''}`"
-           f"{' (toy)' if s['toy'] else ''}."]
+           (f"- Command: `{s['command']}`." if "command" in s else
+            f"- Command: `python scripts/reproduce_prores.py --experiment {name}"
+            f"{' --seeds ' + str(len(s['seeds'])) if len(s['seeds']) != len(s.get('default_seeds', s['seeds'])) else ''}"
+            f"{' ' + ' '.join('--set ' + x for x in s['extra']) if s['extra'] else ''}`"
+            f"{' (toy)' if s['toy'] else ''}.")]
     if plateau:
         out.append(f"- Unigram plateau: the validation tokens' cross-entropy under the training tokens' "
                    f"unigram distribution is {plateau['val_cross_entropy']:.3f} nats (training entropy "
@@ -224,8 +225,9 @@ def experiment_section(name: str, s: dict) -> list:
 
 
 def results_markdown(summaries: dict, machine: str, notes: str, runs: str = "runs/prores_repro",
-                     out: str = "docs") -> str:
-    """The report. runs, out: the --runs and --out folders, as the reader should see them."""
+                     out: str = "docs", known: list | None = None) -> str:
+    """The report. runs, out: the --runs and --out folders, as the reader should see them;
+    known: the experiments that could have runs (default: the reproduction's)."""
     wall = sum(s["wall_seconds"] for s in summaries.values() if math.isfinite(s["wall_seconds"]))
     lines = ["# ProRes on a CPU: the paper's Post-LN ablation, Pre-LN stability and the T sweep, small"
              if runs == "runs/prores_repro" else f"# ProRes on a CPU: the runs under `{runs}/`", "",
@@ -239,8 +241,8 @@ def results_markdown(summaries: dict, machine: str, notes: str, runs: str = "run
     lines += ["## Against the paper", "", *comparison_table(summaries)]
     for name, s in summaries.items():
         lines += experiment_section(name, s)
-    not_run = [n for n in experiments.EXPERIMENTS if n not in summaries]
-    if not_run:
+    not_run = [n for n in (experiments.EXPERIMENTS if known is None else known) if n not in summaries]
+    if not_run and all(n in experiments.EXPERIMENTS for n in not_run):  # a sweep's groups have no command each
         lines += ["## Not run", "", "No runs yet for: " + ", ".join(
             f"`python scripts/reproduce_prores.py --experiment {n}`" for n in not_run) + ".", ""]
     if "ablation" in summaries:  # the superseded setup was Experiment A's

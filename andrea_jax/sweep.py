@@ -1,0 +1,198 @@
+"""Sweeps over any grid of settings: `python -m andrea_jax.sweep SPEC.py [--jobs N | --gpus-per-run K]
+[--slurm] [--report]`.
+
+SPEC.py defines `SWEEP = Sweep(...)`: the base config, the axes (each a setting and its values;
+the grid is their product), the seeds, and the paired baseline, a value of some of the axes
+(e.g. {"prores.schedule": "none"}). Runs are grouped by the values of the other axes; within a
+group every arm is compared with the baseline arm of the same seed. Each run is `train.py` in its
+own process, started from a frozen copy of the code (RUNS/code), in RUNS/GROUP/ARM_sSEED.
+
+- Local: `--jobs N` runs at a time on the CPU, or with `--gpus-per-run K` one run per K GPUs of
+  the machine (CUDA_VISIBLE_DEVICES, from --gpus or all that nvidia-smi lists). Finished runs are
+  skipped; a stopped one resumes from its newest checkpoint, so a killed or requeued sweep
+  continues where it was.
+- `--slurm` writes RUNS/sweep.sbatch instead, a job array of one task per run (requeued on
+  preemption; the trainer checkpoints on the SIGTERM Slurm sends before it), for `sbatch`.
+- `--report` writes OUT/RESULTS.md (default RUNS/report) with the reproduction's paired-bootstrap
+  tables and figures, one section per group.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import pathlib
+import runpy
+import shlex
+import subprocess
+import sys
+import time
+
+from andrea_jax import config as config_lib
+from andrea_jax.errors import AndreaError, ConfigError
+from andrea_jax.repro import experiments, runner
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    name: str
+    config: str                  # the base config, as train.py --config takes it
+    axes: dict                   # "section.key" -> list of values; the grid is their product
+    baseline: dict               # the paired baseline: values of some axes ({"prores.schedule": "none"})
+    seeds: tuple = (0,)
+    common: tuple = ()           # overrides of every run ("train.steps=300", ...)
+
+
+def _label(assignments: dict) -> str:
+    """A folder-safe name of some axis values: key=value pairs by the keys' last part."""
+    return ",".join(f"{k.split('.')[-1]}={v}" for k, v in assignments.items()) or "all"
+
+
+def groups(sweep: Sweep, spec: str = "SPEC") -> dict[str, experiments.Experiment]:
+    """The sweep as the reproduction's experiments, one per value of the non-baseline axes, every
+    run's settings validated before anything runs (ConfigError names the run and the key)."""
+    unknown = set(sweep.baseline) - set(sweep.axes)
+    if unknown or not sweep.baseline:
+        raise ConfigError(f"sweep {sweep.name}: the baseline must give values of its axes; "
+                          f"got {sweep.baseline} for axes {list(sweep.axes)}")
+    for key, value in sweep.baseline.items():
+        if value not in sweep.axes[key]:
+            raise ConfigError(f"sweep {sweep.name}: baseline {key}={value} is not one of {sweep.axes[key]}")
+    arm_keys = list(sweep.baseline)
+    group_keys = [k for k in sweep.axes if k not in sweep.baseline]
+    out = {}
+    for group_values in itertools.product(*(sweep.axes[k] for k in group_keys)):
+        group = dict(zip(group_keys, group_values))
+        arms = {}
+        for arm_values in itertools.product(*(sweep.axes[k] for k in arm_keys)):
+            arm = dict(zip(arm_keys, arm_values))
+            arms[_label(arm)] = tuple(f"{k}={v}" for k, v in arm.items())
+        common = (*sweep.common, *(f"{k}={v}" for k, v in group.items()))
+        for sets in arms.values():  # every run's config, before any run starts
+            try:
+                cfg = config_lib.validate(config_lib.override(config_lib.load(sweep.config), [*common, *sets]))
+            except ConfigError as e:
+                raise ConfigError(f"sweep {sweep.name}, run {_label(group)} {' '.join(sets)}: {e}") from None
+        if not any(s.startswith("train.steps=") for s in common):
+            common += (f"train.steps={cfg.train.steps}",)  # stated: the runner checks a run finished them
+        name = f"{sweep.name}/{_label(group)}"
+        out[name] = experiments.Experiment(
+            name=name, title=f"Sweep {sweep.name}: {_label(group)}", config=sweep.config, arms=arms, common=common,
+            seeds=tuple(sweep.seeds), baseline=_label(sweep.baseline), paper="a sweep: no claim of the paper",
+            scale=f"`--config {sweep.config}` with {' '.join(common) or 'no overrides'}",
+            command=f"python -m andrea_jax.sweep {spec} --report")
+    return out
+
+
+def plan(exps: dict, runs_root: pathlib.Path) -> dict:
+    """{run name: (command, workdir, steps)} over every group, seeds outermost."""
+    runs = {}
+    for exp in exps.values():
+        for seed in exp.seeds:
+            for arm in exp.arms:
+                sets, workdir = experiments.run_sets(exp, arm, seed), runs_root / exp.name / f"{arm}_s{seed}"
+                runs[f"{exp.name}/{arm}_s{seed}"] = (runner.train_command(exp.config, workdir, sets), workdir,
+                                                     runner.steps_of(sets))
+    return runs
+
+
+def slurm_script(sweep: Sweep, runs: dict, code: pathlib.Path, gpus_per_run: int) -> str:
+    """An sbatch job array, task i running the i-th command of `runs` from the code snapshot."""
+    commands = [shlex.join(command) for command, _, _ in runs.values()]
+    logs = code.parent / "slurm"
+    return "\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --job-name={sweep.name}",
+        f"#SBATCH --array=0-{len(commands) - 1}",
+        "#SBATCH --requeue",                  # a preempted task goes back in the queue and resumes
+        "#SBATCH --signal=TERM@120",          # SIGTERM 2 min before the time limit: the trainer checkpoints
+        f"#SBATCH --output={logs}/%A_%a.out",
+        *([f"#SBATCH --gpus-per-task={gpus_per_run}"] if gpus_per_run else []),
+        "set -euo pipefail",
+        f"mkdir -p {shlex.quote(str(logs))}",
+        f"cd {shlex.quote(str(code))}",
+        f"export PYTHONPATH={shlex.quote(str(code))}",
+        "COMMANDS=(",
+        *[f"  {shlex.quote(c)}" for c in commands],
+        ")",
+        'eval "exec ${COMMANDS[$SLURM_ARRAY_TASK_ID]}"',
+        ""])
+
+
+def visible_gpus() -> list[str]:
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(listed.splitlines()) if line.startswith("GPU ")]
+
+
+def device_sets(gpus: list[str], per_run: int) -> list[str]:
+    if len(gpus) < per_run:
+        raise ConfigError(f"--gpus-per-run {per_run}: only {len(gpus)} GPU(s) visible ({','.join(gpus) or 'none'})")
+    return [",".join(gpus[i:i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
+
+
+def load_spec(path: str) -> Sweep:
+    sweep = runpy.run_path(path).get("SWEEP")
+    if not isinstance(sweep, Sweep):
+        raise ConfigError(f"{path}: defines no SWEEP = andrea_jax.sweep.Sweep(...)")
+    return sweep
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", help="a Python file defining SWEEP = Sweep(...)")
+    parser.add_argument("--runs", type=pathlib.Path, default=None, help="default: runs/sweeps/NAME")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time on the CPU")
+    parser.add_argument("--gpus-per-run", type=int, default=0, help="K > 0: one run per K GPUs")
+    parser.add_argument("--gpus", default=None, help="the GPU ids to use (default: all nvidia-smi lists)")
+    parser.add_argument("--slurm", action="store_true", help="write RUNS/sweep.sbatch instead of running")
+    parser.add_argument("--report", action="store_true", help="write the report of the runs so far")
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="the report's folder (default RUNS/report)")
+    args = parser.parse_args(argv)
+    try:
+        sweep = load_spec(args.spec)
+        exps = groups(sweep, args.spec)
+        runs_root = (args.runs or ROOT / "runs" / "sweeps" / sweep.name).resolve()
+        runs = plan(exps, runs_root)
+        code = runs_root / "code"
+        if not args.report or args.slurm:
+            if not code.exists():
+                runner.snapshot_code(ROOT, code)
+            for exp in exps.values():
+                (runs_root / exp.name).mkdir(parents=True, exist_ok=True)
+                (runs_root / exp.name / "experiment.json").write_text(json.dumps(
+                    {"toy": False, "seeds": list(exp.seeds), "arms": list(exp.arms), "extra": [],
+                     "jobs": args.jobs}, indent=1))
+        if args.slurm:
+            path = runs_root / "sweep.sbatch"
+            path.write_text(slurm_script(sweep, runs, code, args.gpus_per_run))
+            print(f"wrote {path}: {len(runs)} array tasks; submit with: sbatch {path}")
+            return 0
+        if not args.report:
+            slots = None
+            if args.gpus_per_run:
+                slots = device_sets(args.gpus.split(",") if args.gpus else visible_gpus(), args.gpus_per_run)
+            start = time.perf_counter()
+            runner.run_all(runs, code, args.jobs, resume=True, device_sets=slots)
+            share = (time.perf_counter() - start) / len(exps)  # the groups ran together: each gets its part
+            for exp in exps.values():  # the wall time the report quotes, summed over invocations
+                wall = runs_root / exp.name / "wall.json"
+                before = json.loads(wall.read_text())["seconds"] if wall.is_file() else 0.0
+                wall.write_text(json.dumps({"seconds": before + share}))
+        from andrea_jax.repro import report
+        written = report.write_all(runs_root, (args.out or runs_root / "report").resolve(), exps=exps)
+        print("wrote " + ", ".join(str(p) for p in written[:2]))
+    except AndreaError as e:
+        print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":  # through the imported module: a spec's Sweep is andrea_jax.sweep.Sweep, not __main__'s
+    from andrea_jax import sweep as _imported
+    sys.exit(_imported.main())
