@@ -59,7 +59,7 @@ def test_imported_weights_compute_transformers_logits(folder):
     ours = np.asarray(model_lib.Andrea(OURS[family]).apply({"params": params}, jnp.asarray(tokens), jnp.ones(L)).logits)
     with torch.no_grad():
         theirs = hf_model(torch.from_numpy(tokens).long()).logits.numpy()
-    # float32 on both sides, logits of size ~3: measured 1.9e-6 (gpt2), 2.4e-6 (llama)
+    # float32 on both sides, logits up to ~2.5: measured 1.5e-6 (gpt2), 1.2e-6 (llama)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-5)
     assert np.abs(ours).max() > 1.0  # the perturbed weights give logits far from 0
 
@@ -125,11 +125,12 @@ def test_an_export_of_a_trained_run_continues_from_its_logits_and_its_loss(train
     ours = np.asarray(model_lib.Andrea(cfg.model).apply({"params": params}, jnp.asarray(tokens), jnp.ones(3)).logits)
     with torch.no_grad():
         theirs = hf_model(folder)(torch.from_numpy(tokens).long()).logits.numpy()
-    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)  # the bound; measured 1.8e-7
 
     lines = trainer.train(cfg, tmp_path / "run", show_progress=False)
-    _, batches, _ = pipeline.build(cfg, tmp_path / "again")
+    (tmp_path / "again").mkdir()
+    _, batches, _ = pipeline.build(cfg, tmp_path / "again")  # the trainer's first batch, as it drew it
     model = model_lib.Andrea(cfg.model, padded_logits=True)
     want = float(steps.loss_fn(params, model, jnp.asarray(next(batches)), jnp.ones(3)))
-    # the jitted step against an eager forward of the same weights: measured 2.4e-7 relative
+    # the jitted step against an eager forward of the same weights: measured 8.7e-8 relative
     assert lines[0]["step"] == 1 and lines[0]["loss"] == pytest.approx(want, rel=1e-6)

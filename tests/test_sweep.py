@@ -23,8 +23,8 @@ SWEEP = Sweep(
     baseline={{"prores.schedule": "none"}},
     seeds=(0, 1),
     common=("model.d_model=32", "model.n_head=2", "model.seq_len=16", "model.vocab_size=300",
-            "data.tokenizer={tok}", "train.batch_size=2", "train.steps=300", "train.checkpoint_every=20",
-            "train.eval_every=150", "train.eval_batches=1", "train.sample_tokens=0", "prores.warmup=20",
+            "data.tokenizer={tok}", "train.batch_size=2", "train.steps=200", "train.checkpoint_every=20",
+            "train.eval_every=100", "train.eval_batches=1", "train.sample_tokens=0", "prores.warmup=20",
             "diagnostics.tensorboard=false"),
 )
 '''

@@ -218,13 +218,13 @@ EXPERIMENTS = {e.name: e for e in (ABLATION, STABILITY, T_SWEEP, POST_LN_T_SWEEP
                                    SCALED_POST_LN_LLAMA, SCALED_POST_LN_8X, SCALED_POST_LN_LONG, SCALED_TINY,
                                    *(_depth_scaled(n) for n in (12, 24, 48)), GPU_POST_LN)}
 
-# A few steps of a 2-layer model: the end-to-end test of the script, not an experiment.
-TOY_SETS = ("model.n_layer=2", "train.steps=4", "train.batch_size=2", "model.seq_len=16",
+# A few steps of a 2-layer model of width 64: the end-to-end test of the script, not an experiment.
+TOY_SETS = ("model.n_layer=2", "model.d_model=64", "train.steps=4", "train.batch_size=2", "model.seq_len=16",
             "train.eval_every=2", "train.eval_batches=1", "diagnostics.every=2", "diagnostics.spike_window=2")
 
 
 def toy(experiment: Experiment) -> Experiment:
-    """The experiment shrunk to its first two arms, one seed and a few steps of a 2-layer model,
+    """The experiment shrunk to its first two arms, one seed and a few steps of a 2-layer model of width 64,
     without its precheck (a second round of compiles would double the test's time)."""
     arms = dict(list(experiment.arms.items())[:2])
     keep = [s for s in experiment.common if s.split("=")[0] not in {t.split("=")[0] for t in TOY_SETS}]
