@@ -174,7 +174,8 @@ def test_knockout_sets_one_block_s_alpha_to_zero_at_a_time():
     # Block 1 knocked out by hand: alphas [0, 0.5, 0, 0] (vmapped and alone: measured 8e-8 to 1.7e-7 apart).
     np.testing.assert_allclose(losses[0], by_hand([0.0, 0.5, 0.0, 0.0]), rtol=1e-6)
     assert abs(losses[0] - base) > 1e-3 and abs(losses[1] - base) > 1e-4
-    # Blocks at alpha 0 are off already: knocking them out changes nothing.
+    # Blocks at alpha 0 are off already: knocking them out changes nothing (vmapped against the
+    # plain forward: measured 1.7e-7; the two vmapped entries are bit-equal).
     np.testing.assert_allclose(losses[2:], [base, base], rtol=1e-6)
     assert losses[2] == losses[3]
 

@@ -54,9 +54,11 @@ def test_an_update_whose_loss_leaves_the_window_s_band_is_not_applied():
     jax.tree.map(np.testing.assert_array_equal, state.inner_state, before.inner_state)  # Adam untouched
     np.testing.assert_array_equal(state.losses_W, before.losses_W)  # the spike does not enter the window
     assert (int(state.skipped), int(state.taken), int(state.last_step)) == (1, W, 5)
-    np.testing.assert_allclose([state.last_loss, state.last_mean, state.last_std], [spike, mean, std], rtol=1e-6)
+    # float32 on the device against float64 numpy: the std of losses near 4 spread by 0.1 loses ~40x of
+    # float32's 6e-8 to cancellation (measured 9.7e-7).
+    np.testing.assert_allclose([state.last_loss, state.last_mean, state.last_std], [spike, mean, std], rtol=3e-6)
     # Block norms were (l + 1) at every step of the window, now 4 (l + 1): each jumped x4.
-    np.testing.assert_allclose(state.last_jump_L, [4.0] * L, rtol=1e-6)
+    np.testing.assert_allclose(state.last_jump_L, [4.0] * L, rtol=1e-7)  # measured exact; 1e-7: one rounding
 
     # A loss inside the band is applied, as Adam's first step from the untouched state would be.
     updates, state = tx.update(grads_scaled(1.0), state, params, loss=jnp.float32(4.3), step=6)
@@ -106,7 +108,7 @@ def test_the_train_step_skips_a_spike_and_counts_it():
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(spikes.inner_state), spikes_before.inner_state)
     want = steps.loss_fn(before.params, model, spiky, prores.run_alphas(CFG, 4))  # the alphas of step 4
     assert int(spikes.last_step) == 4
-    np.testing.assert_allclose(spikes.last_loss, want, rtol=1e-6)
+    np.testing.assert_allclose(spikes.last_loss, want, rtol=1e-6)  # jitted step against eager: measured 8.3e-8
     np.testing.assert_allclose(spikes.last_mean, np.mean(spikes_before.losses_W), rtol=1e-6)
     state, metrics = step(state, calm)
     assert int(metrics["skipped_spikes"]) == 1
@@ -133,7 +135,7 @@ def test_z_loss_adds_its_term_to_the_gradient_and_is_logged_apart():
     new_state, metrics = steps.make_train_step(cfg, mesh)(state, tokens)
     assert float(want_z) > 1e-3  # log Z is about ln V at init: a term that changes the gradient
     np.testing.assert_allclose(metrics["z_loss"], want_z, rtol=1e-5)
-    np.testing.assert_allclose(metrics["loss"], want_total - want_z, rtol=1e-6)  # the loss is the cross-entropy
+    np.testing.assert_allclose(metrics["loss"], want_total - want_z, rtol=1e-6)  # the cross-entropy; measured 3.3e-7
     np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(want_grads), rtol=1e-5)
     assert abs(float(optax.tree.norm(grads_plain)) - float(metrics["grad_norm"])) > 1e-4
     assert not np.array_equal(jax.device_get(new_state.params)["tok_embedding"], params["tok_embedding"])
@@ -165,7 +167,8 @@ def test_qk_norm_normalises_each_head_s_queries_and_keys(family):
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     o = np.einsum("bhts,bshk->bthk", weights / weights.sum(-1, keepdims=True), v).reshape(2, 5, 32)
     want = o @ blk["attn_out_kernel"] + blk.get("attn_out_bias", 0.0)
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    # outputs up to 0.035; against a float64 transcription measured 7e-9 (gpt2, llama): 1e-7 allows the float32 one
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
 
     # The cached forward (a prefill, then token by token) equals the full one.
     tokens = jax.random.randint(jax.random.key(4), (2, 9), 0, 300)
