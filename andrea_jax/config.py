@@ -13,7 +13,6 @@ import pathlib
 import typing
 from dataclasses import dataclass, field
 
-
 from andrea_jax.errors import ConfigError  # noqa: F401  (the one project import: the error it raises)
 
 
@@ -26,8 +25,7 @@ FAMILIES = ("gpt2", "llama")                             # model.family: the blo
 SCHEDULES = ("none", "linear", "linear_sqrt", "linear_square", "equal", "reverse",
              "stagewise_0", "stagewise_L", "stagewise_sqrt_L", "stagewise_sqrt_l",
              "fix_L", "fix_sqrt_L", "fix_sqrt_l")
-# prores.scale_updates: what each block's optimizer update is multiplied by (andrea_jax.model.prores)
-UPDATE_SCALES = ("none", "alpha", "sqrt_alpha")
+UPDATE_SCALES = ("none", "alpha", "sqrt_alpha")         # prores.scale_updates: each block's update times this
 # Logical axis names of the model's arrays (andrea_jax.model.layers), which mesh.rules may map
 LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
 MESH_AXES = ("data", "fsdp", "tensor")                   # the device mesh's axes (andrea_jax.train.sharding)
@@ -83,8 +81,7 @@ class ModelConfig:
     family: str = "gpt2"        # one of FAMILIES: gpt2 (LayerNorm, biases, GELU MLP, learned positions, tied head) |
                                 # llama (the official ProRes code's block: RMSNorm, no biases, SwiGLU of width
                                 # mlp_ratio x d_model, RoPE, untied head; andrea_jax/model/llama.py)
-    qk_norm: bool = False       # RMSNorm (a gain of the head dim, per block) on each head's queries and keys before
-                                # attention (and RoPE); HF GPT-2 / Llama cannot express it: export refuses
+    qk_norm: bool = False       # RMSNorm (a per-block gain) on each head's queries and keys before attention and RoPE; export refuses
 
     def __post_init__(self):
         # model.remat was a bool before none|full|dots: True / "true" (old configs, checkpoints,
@@ -176,8 +173,10 @@ class TrainConfig:
     checkpoint_every: int = 1000  # steps between Orbax checkpoints (and at the end); 0 = none, no resume
     keep_checkpoints: int = 3   # newest checkpoints kept on disk
     microbatches: int = 1       # gradient accumulation: each batch runs as this many equal slices, one update (memory of one slice)
-    init_from: str = ""         # a transformers GPT-2 (model.family=gpt2) or Llama folder whose weights a new run starts from
-                                # (fresh optimizer, step 0; a resumed run takes its checkpoint instead); empty = random init
+    init_from: str = ""         # a transformers GPT-2 or Llama folder a new run starts from (fresh optimizer, step 0); empty = random init
+    profile: str = ""           # START:END: a jax.profiler trace of steps START..END in WORKDIR/profile (TensorBoard, Perfetto)
+    compile_cache: bool = True  # XLA's persistent compilation cache in $ANDREA_CACHE/xla (unless JAX_COMPILATION_CACHE_DIR is set)
+    peak_tflops: float = 0.0    # per chip, for the metric lines' `mfu`; 0 = the device kind's (andrea_jax/train/mfu.py; none on a CPU)
 
     def check(self) -> None:
         _positive("train", self, "steps", "batch_size", "log_every", "eval_batches", "keep_checkpoints",
@@ -186,6 +185,10 @@ class TrainConfig:
             _need(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
         _need(self.batch_size % self.microbatches == 0, "train.microbatches",
               f"{self.microbatches} does not divide train.batch_size={self.batch_size}")
+        start, sep, end = self.profile.partition(":")
+        _need(not self.profile or (sep and start.isdigit() and end.isdigit() and 0 < int(start) <= int(end)),
+              "train.profile", f"must be START:END with 0 < START <= END, got {self.profile!r}")
+        _need(self.peak_tflops >= 0, "train.peak_tflops", f"must be >= 0, got {self.peak_tflops}")
 
 
 @dataclass(frozen=True)
@@ -234,11 +237,13 @@ class DiagnosticsConfig:
     wandb: str = ""             # a Weights & Biases project: every metric line, the config and the tags go there too (extra `wandb`)
     wandb_tags: str = ""        # wandb: comma-separated tags, besides family=, norm=, prores= and scale_updates= of the run
     knockout: bool = False      # at each evaluation, the validation-loss change with each block's alpha set to 0 (`knockout`, [L])
+    knockout_chunk: int = 1     # knockout: masks per vmapped pass (lax.map over chunks; 1 fastest on CPU, measured); 0 = all L
 
     def check(self) -> None:
         _need(self.every >= 0, "diagnostics.every", f"must be >= 0, got {self.every}")
         _need(self.spike_window >= 2, "diagnostics.spike_window", f"must be >= 2, got {self.spike_window}")
         _positive("diagnostics", self, "spike_sigmas")
+        _need(self.knockout_chunk >= 0, "diagnostics.knockout_chunk", f"must be >= 0, got {self.knockout_chunk}")
 
 
 @dataclass(frozen=True)
@@ -341,18 +346,15 @@ def _import_named(name: str):
         raise ConfigError(f"unknown config {name!r}; known: {', '.join(known)}") from None
 
 
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
 def _parse(key: str, text: str, kind: type):
     try:
         if kind is bool:
-            if text.lower() in ("true", "1", "yes"):
-                return True
-            if text.lower() in ("false", "0", "no"):
-                return False
-            raise ValueError
-        if kind is int:
-            return int(text.replace("_", ""))
-        return kind(text)
-    except ValueError:
+            return _BOOLS[text.lower()]
+        return int(text.replace("_", "")) if kind is int else kind(text)
+    except (KeyError, ValueError):
         raise ConfigError(f"{key}: expected {kind.__name__}, got {text!r}") from None
 
 
@@ -378,11 +380,9 @@ def _check_types(config: Config) -> None:
     for section in dataclasses.fields(config):
         sub = getattr(config, section.name)
         for name, kind in typing.get_type_hints(type(sub)).items():
-            value = getattr(sub, name)
-            ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                ok = True
-            if not ok:
+            value = getattr(sub, name)  # an int may stand for a float; a bool is neither
+            if not isinstance(value, (int, float) if kind is float else kind) or (
+                    kind in (int, float) and isinstance(value, bool)):
                 raise ConfigError(
                     f"{section.name}.{name}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
 

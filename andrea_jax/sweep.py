@@ -15,6 +15,13 @@ own process, started from a frozen copy of the code (RUNS/code), in RUNS/GROUP/A
   preemption; the trainer checkpoints on the SIGTERM Slurm sends before it), for `sbatch`.
 - `--report` writes OUT/RESULTS.md (default RUNS/report) with the reproduction's paired-bootstrap
   tables and figures, one section per group.
+- `--set KEY=VALUE` adds an override to every run; `--toy` shrinks every group to 2 arms, 1 seed and
+  a few steps of a 2-layer model, to try a spec out.
+
+A spec may also name one of the reproduction's experiments (scripts/sweeps/ablation.py:
+`SWEEP = experiments.ABLATION`); then RUNS defaults to runs/prores_repro and OUT to docs, and the
+report is the reproduction's, over every experiment with runs there, as scripts/reproduce_prores.py
+writes it.
 """
 from __future__ import annotations
 
@@ -27,7 +34,6 @@ import runpy
 import shlex
 import subprocess
 import sys
-import time
 
 from andrea_jax import config as config_lib
 from andrea_jax.errors import AndreaError, ConfigError
@@ -41,9 +47,12 @@ class Sweep:
     name: str
     config: str                  # the base config, as train.py --config takes it
     axes: dict                   # "section.key" -> list of values; the grid is their product
-    baseline: dict               # the paired baseline: values of some axes ({"prores.schedule": "none"})
+    baseline: dict | str         # the paired baseline: values of some axes ({"prores.schedule": "none"}),
+                                 # or with explicit `arms`, the name of one of them
     seeds: tuple = (0,)
     common: tuple = ()           # overrides of every run ("train.steps=300", ...)
+    arms: dict | None = None     # explicit arms, {name: overrides}, for arms that are not a grid (a T
+                                 # sweep beside "none"); then every axis makes groups
 
 
 def _label(assignments: dict) -> str:
@@ -51,10 +60,23 @@ def _label(assignments: dict) -> str:
     return ",".join(f"{k.split('.')[-1]}={v}" for k, v in assignments.items()) or "all"
 
 
-def groups(sweep: Sweep, spec: str = "SPEC") -> dict[str, experiments.Experiment]:
-    """The sweep as the reproduction's experiments, one per value of the non-baseline axes, every
-    run's settings validated before anything runs (ConfigError names the run and the key)."""
-    unknown = set(sweep.baseline) - set(sweep.axes)
+def _validated(name: str, config: str, common, arms: dict, extra=()) -> None:
+    """Every arm's config, before any run starts (ConfigError names the run and the key)."""
+    for sets in arms.values():
+        try:
+            config_lib.validate(config_lib.override(config_lib.load(config), [*common, *sets, *extra]))
+        except ConfigError as e:
+            raise ConfigError(f"sweep {name}, run {' '.join(sets)}: {e}") from None
+
+
+def _arms(sweep: Sweep) -> tuple[dict, str, list]:
+    """(arms {name: overrides}, the baseline arm's name, the axes that make groups)."""
+    if sweep.arms is not None:
+        if not isinstance(sweep.baseline, str) or sweep.baseline not in sweep.arms:
+            raise ConfigError(f"sweep {sweep.name}: with explicit arms the baseline is one arm's name "
+                              f"(one of {list(sweep.arms)}); got {sweep.baseline!r}")
+        return {a: tuple(sets) for a, sets in sweep.arms.items()}, sweep.baseline, list(sweep.axes)
+    unknown = set(sweep.baseline) - set(sweep.axes) if isinstance(sweep.baseline, dict) else True
     if unknown or not sweep.baseline:
         raise ConfigError(f"sweep {sweep.name}: the baseline must give values of its axes; "
                           f"got {sweep.baseline} for axes {list(sweep.axes)}")
@@ -62,40 +84,50 @@ def groups(sweep: Sweep, spec: str = "SPEC") -> dict[str, experiments.Experiment
         if value not in sweep.axes[key]:
             raise ConfigError(f"sweep {sweep.name}: baseline {key}={value} is not one of {sweep.axes[key]}")
     arm_keys = list(sweep.baseline)
-    group_keys = [k for k in sweep.axes if k not in sweep.baseline]
+    arms = {}
+    for arm_values in itertools.product(*(sweep.axes[k] for k in arm_keys)):
+        arm = dict(zip(arm_keys, arm_values))
+        arms[_label(arm)] = tuple(f"{k}={v}" for k, v in arm.items())
+    return arms, _label(sweep.baseline), [k for k in sweep.axes if k not in sweep.baseline]
+
+
+def groups(sweep: Sweep | experiments.Experiment, spec: str = "SPEC", extra=()) -> dict[str, experiments.Experiment]:
+    """The sweep as the reproduction's experiments, one per value of the axes outside the arms
+    (named NAME/GROUP; NAME alone when no axis is left), every run's settings validated before
+    anything runs. A reproduction experiment (andrea_jax/repro/experiments.py) is a spec too: one
+    group, its own arms, seeds and report text, so it runs where scripts/reproduce_prores.py runs it."""
+    if isinstance(sweep, experiments.Experiment):
+        _validated(sweep.name, sweep.config, sweep.common, sweep.arms, extra)
+        return {sweep.name: sweep}
+    arms, baseline, group_keys = _arms(sweep)
     out = {}
     for group_values in itertools.product(*(sweep.axes[k] for k in group_keys)):
         group = dict(zip(group_keys, group_values))
-        arms = {}
-        for arm_values in itertools.product(*(sweep.axes[k] for k in arm_keys)):
-            arm = dict(zip(arm_keys, arm_values))
-            arms[_label(arm)] = tuple(f"{k}={v}" for k, v in arm.items())
         common = (*sweep.common, *(f"{k}={v}" for k, v in group.items()))
-        for sets in arms.values():  # every run's config, before any run starts
-            try:
-                cfg = config_lib.validate(config_lib.override(config_lib.load(sweep.config), [*common, *sets]))
-            except ConfigError as e:
-                raise ConfigError(f"sweep {sweep.name}, run {_label(group)} {' '.join(sets)}: {e}") from None
-        if not any(s.startswith("train.steps=") for s in common):
-            common += (f"train.steps={cfg.train.steps}",)  # stated: the runner checks a run finished them
-        name = f"{sweep.name}/{_label(group)}"
+        _validated(f"{sweep.name} {_label(group)}", sweep.config, common, arms, extra)
+        if not any(s.startswith("train.steps=") for s in common):  # stated: the runner checks a run finished them
+            steps = config_lib.override(config_lib.load(sweep.config), [*common, *next(iter(arms.values()))]).train.steps
+            common += (f"train.steps={steps}",)
+        name = f"{sweep.name}/{_label(group)}" if group else sweep.name
         out[name] = experiments.Experiment(
             name=name, title=f"Sweep {sweep.name}: {_label(group)}", config=sweep.config, arms=arms, common=common,
-            seeds=tuple(sweep.seeds), baseline=_label(sweep.baseline), paper="a sweep: no claim of the paper",
+            seeds=tuple(sweep.seeds), baseline=baseline, paper="a sweep: no claim of the paper",
             scale=f"`--config {sweep.config}` with {' '.join(common) or 'no overrides'}",
             command=f"python -m andrea_jax.sweep {spec} --report")
     return out
 
 
-def plan(exps: dict, runs_root: pathlib.Path) -> dict:
-    """{run name: (command, workdir, steps)} over every group, seeds outermost."""
+def plan(exps: dict, runs_root: pathlib.Path, extra=()) -> dict:
+    """{run name: (command, workdir, steps)} over every group, seeds outermost; an experiment's
+    precheck runs (RUNS/NAME/precheck) come first."""
     runs = {}
     for exp in exps.values():
-        for seed in exp.seeds:
-            for arm in exp.arms:
-                sets, workdir = experiments.run_sets(exp, arm, seed), runs_root / exp.name / f"{arm}_s{seed}"
-                runs[f"{exp.name}/{arm}_s{seed}"] = (runner.train_command(exp.config, workdir, sets), workdir,
-                                                     runner.steps_of(sets))
+        if exp.precheck_steps:
+            pre = runner.plan(exp, runs_root / exp.name / "precheck", [0], list(exp.arms)[:2],
+                              [*extra, *exp.precheck_sets])
+            runs |= {f"{exp.name}/precheck/{k}": v for k, v in pre.items()}
+    for exp in exps.values():
+        runs |= {f"{exp.name}/{k}": v for k, v in runner.plan(exp, runs_root / exp.name, extra=extra).items()}
     return runs
 
 
@@ -136,29 +168,38 @@ def device_sets(gpus: list[str], per_run: int) -> list[str]:
     return [",".join(gpus[i:i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
 
 
-def load_spec(path: str) -> Sweep:
+def load_spec(path: str) -> Sweep | experiments.Experiment:
     sweep = runpy.run_path(path).get("SWEEP")
-    if not isinstance(sweep, Sweep):
-        raise ConfigError(f"{path}: defines no SWEEP = andrea_jax.sweep.Sweep(...)")
+    if not isinstance(sweep, (Sweep, experiments.Experiment)):
+        raise ConfigError(f"{path}: defines no SWEEP = andrea_jax.sweep.Sweep(...) "
+                          "(or a reproduction experiment, andrea_jax.repro.experiments.EXPERIMENTS[NAME])")
     return sweep
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="a Python file defining SWEEP = Sweep(...)")
-    parser.add_argument("--runs", type=pathlib.Path, default=None, help="default: runs/sweeps/NAME")
+    parser.add_argument("--runs", type=pathlib.Path, default=None,
+                        help="default: runs/sweeps/NAME (a reproduction experiment: runs/prores_repro)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time on the CPU")
     parser.add_argument("--gpus-per-run", type=int, default=0, help="K > 0: one run per K GPUs")
     parser.add_argument("--gpus", default=None, help="the GPU ids to use (default: all nvidia-smi lists)")
     parser.add_argument("--slurm", action="store_true", help="write RUNS/sweep.sbatch instead of running")
     parser.add_argument("--report", action="store_true", help="write the report of the runs so far")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="the report's folder (default RUNS/report)")
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="the report's folder (default RUNS/report; a reproduction experiment: docs)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="extra override of every run (part of each run's command)")
+    parser.add_argument("--toy", action="store_true",
+                        help="each group shrunk to 2 arms, 1 seed, a few steps of a 2-layer model: a smoke test")
     args = parser.parse_args(argv)
     try:
         sweep = load_spec(args.spec)
-        exps = groups(sweep, args.spec)
-        runs_root = (args.runs or ROOT / "runs" / "sweeps" / sweep.name).resolve()
-        runs = plan(exps, runs_root)
+        exps = groups(sweep, args.spec, args.set)
+        if args.toy:
+            exps = {name: experiments.toy(exp) for name, exp in exps.items()}
+        reproduction = isinstance(sweep, experiments.Experiment)  # its runs and report are the reproduction's
+        runs_root = (args.runs or ROOT / "runs" / ("prores_repro" if reproduction else f"sweeps/{sweep.name}")).resolve()
+        runs = plan(exps, runs_root, args.set)
         code = runs_root / "code"
         if not args.report or args.slurm:
             if not code.exists():
@@ -166,7 +207,7 @@ def main(argv=None) -> int:
             for exp in exps.values():
                 (runs_root / exp.name).mkdir(parents=True, exist_ok=True)
                 (runs_root / exp.name / "experiment.json").write_text(json.dumps(
-                    {"toy": False, "seeds": list(exp.seeds), "arms": list(exp.arms), "extra": [],
+                    {"toy": args.toy, "seeds": list(exp.seeds), "arms": list(exp.arms), "extra": args.set,
                      "jobs": args.jobs}, indent=1))
         if args.slurm:
             path = runs_root / "sweep.sbatch"
@@ -177,15 +218,15 @@ def main(argv=None) -> int:
             slots = None
             if args.gpus_per_run:
                 slots = device_sets(args.gpus.split(",") if args.gpus else visible_gpus(), args.gpus_per_run)
-            start = time.perf_counter()
-            runner.run_all(runs, code, args.jobs, resume=True, device_sets=slots)
-            share = (time.perf_counter() - start) / len(exps)  # the groups ran together: each gets its part
+            seconds = runner.run_all(runs, code, args.jobs, resume=True, device_sets=slots)
+            share = seconds / len(exps)  # the groups ran together: each gets its part
             for exp in exps.values():  # the wall time the report quotes, summed over invocations
                 wall = runs_root / exp.name / "wall.json"
                 before = json.loads(wall.read_text())["seconds"] if wall.is_file() else 0.0
                 wall.write_text(json.dumps({"seconds": before + share}))
         from andrea_jax.repro import report
-        written = report.write_all(runs_root, (args.out or runs_root / "report").resolve(), exps=exps)
+        out = (args.out or (ROOT / "docs" if reproduction else runs_root / "report")).resolve()
+        written = report.write_all(runs_root, out, exps=None if reproduction else exps)
         print("wrote " + ", ".join(str(p) for p in written[:2]))
     except AndreaError as e:
         print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)

@@ -6,13 +6,15 @@ config, as a fraction of the evaluation itself (train.eval_batches batches of th
 
 The evaluation, the knockout pass and the task scoring each run once to compile and warm up, then
 --repeats times; the median is reported. Knockout runs L forward passes per batch (one vmapped
-call), so expect about L times the evaluation. Task scoring runs the two shipped task files
+call, or --knockout-chunks C: lax.map over vmapped chunks of C masks), so expect about L times the
+evaluation. Task scoring runs the two shipped task files
 (tasks/*.jsonl) through the code of `evaluate --task`; its cost depends on the tasks, not on the
 validation set. Prints one JSON line.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import statistics
@@ -49,6 +51,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=None, help="rows per validation batch (default: train.batch_size)")
     parser.add_argument("--eval-batches", type=int, default=None, help="default: train.eval_batches")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--knockout-chunks", default="0",
+                        help="comma-separated diagnostics.knockout_chunk values to time (0: all L masks in one pass)")
     args = parser.parse_args(argv)
     cfg = config_lib.load(args.config)
     sets = [f"train.batch_size={args.batch}"] if args.batch else []
@@ -62,9 +66,15 @@ def main(argv=None) -> int:
                for _ in range(cfg.train.eval_batches)]
     step = jax.numpy.int32(cfg.prores.warmup)  # mid-warmup: every alpha in (0, 1]
     bytes_V = jax.numpy.asarray(tokenizer_lib.bytes_per_token(tok))
-    eval_step, knockout_step = steps.make_eval_step(cfg, mesh), steps.make_knockout_step(cfg, mesh)
+    eval_step = steps.make_eval_step(cfg, mesh)
     evaluation = timed(lambda: steps.evaluate(eval_step, params, step, batches, bytes_V)["val_loss"], args.repeats)
-    knockout = timed(lambda: steps.knockout(knockout_step, params, step, batches, 0.0), args.repeats)
+    knockout_by_chunk = {}
+    for chunk in [int(c) for c in args.knockout_chunks.split(",")]:
+        chunked = dataclasses.replace(cfg, diagnostics=dataclasses.replace(cfg.diagnostics, knockout_chunk=chunk))
+        knockout_step = steps.make_knockout_step(chunked, mesh)
+        knockout_by_chunk[chunk] = timed(lambda: steps.knockout(knockout_step, params, step, batches, 0.0), args.repeats)
+    knockout = knockout_by_chunk[cfg.diagnostics.knockout_chunk] if cfg.diagnostics.knockout_chunk in knockout_by_chunk \
+        else next(iter(knockout_by_chunk.values()))
     loaded = load.LoadedModel(cfg, params, tok, int(step), "random")
     examples = [tasks_lib.read_task(p) for p in TASKS]
     scoring = timed(lambda: [tasks_lib.score_task(loaded, e) for e in examples], args.repeats)
@@ -72,7 +82,10 @@ def main(argv=None) -> int:
         "config": args.config, "backend": jax.default_backend(), "n_layer": cfg.model.n_layer,
         "eval_batches": cfg.train.eval_batches, "batch": cfg.train.batch_size, "seq_len": cfg.model.seq_len,
         "evaluation_s": round(evaluation, 4), "knockout_s": round(knockout, 4),
-        "knockout_over_evaluation": round(knockout / evaluation, 2), "eval_tasks_s": round(scoring, 4),
+        "knockout_over_evaluation": round(knockout / evaluation, 2),
+        "knockout_s_by_chunk": {str(c): round(t, 4) for c, t in knockout_by_chunk.items()},
+        "knockout_over_evaluation_by_chunk": {str(c): round(t / evaluation, 2) for c, t in knockout_by_chunk.items()},
+        "eval_tasks_s": round(scoring, 4),
         "eval_tasks_over_evaluation": round(scoring / evaluation, 2),
         "task_examples": sum(len(e) for e in examples)}))
     return 0

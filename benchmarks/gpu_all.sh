@@ -18,6 +18,9 @@ out="${OUT:-gpu_results}"
 mkdir -p "$out"
 results="$out/results.jsonl"
 py="${PYTHON:-python3}"
+# XLA's persistent compilation cache (as train.compile_cache): a program compiled twice (an OOM retry
+# at half the batch, a rerun of this script on the same machine) is compiled once
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${ANDREA_CACHE:-$HOME/.cache/andrea_jax}/xla}"
 
 if [ "${1:-}" = "--smoke" ]; then
   export JAX_PLATFORMS=cpu

@@ -14,7 +14,7 @@ result is printed and appended to `--jsonl` at once, one JSON object per line:
     tokens_per_s   batch x seq_len / median step time (step_s; step_min_s the fastest step;
                    step_cpu_s the median CPU time of this process's threads per step, which a
                    loaded shared CPU machine disturbs less than the wall clock)
-    mfu            benchmarks/mfu.py (6 x matmul weights + causal attention, per token) x tokens/s
+    mfu            andrea_jax/train/mfu.py (6 x matmul weights + causal attention, per token) x tokens/s
                    / peak FLOP/s of the chips; null where the device has no known peak (a CPU)
     peak_bytes     the compiled step's own memory: arguments + outputs - donated + XLA's temp
                    (activations kept for the backward pass, gradients, workspace), from
@@ -45,7 +45,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from andrea_jax import kernels  # noqa: E402
-import mfu as mfu_lib  # noqa: E402
+from andrea_jax.train import mfu as mfu_lib  # noqa: E402
 from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
 from andrea_jax.train import steps
 
@@ -146,7 +146,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--batch", type=int, default=32, help="global batch in sequences")
     parser.add_argument("--steps", type=int, default=10, help="timed steps (after 2 warm-up steps)")
     parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="peak per chip; default from the device kind (benchmarks/mfu.py), none on CPU")
+                        help="peak per chip; default from the device kind (andrea_jax/train/mfu.py), none on CPU")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="applies to every variant")
     parser.add_argument("--cross", action="append", default=[], metavar="SECTION.KEY=V1,V2,...")

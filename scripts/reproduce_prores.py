@@ -11,7 +11,11 @@ Runs go to RUNS/EXPERIMENT/ARM_sSEED (RUNS = runs/prores_repro), `--jobs` at a t
 skipped, so rerunning the same command resumes. Afterwards the report is rewritten from every
 experiment that has runs: OUT/RESULTS.md, OUT/prores_repro/summary.json and the figures under
 OUT/prores_repro/EXPERIMENT/ (OUT = docs). `--toy` shrinks an experiment to 2 arms, 1 seed and a
-few steps of a 2-layer model (the test of this script).
+few steps of a 2-layer model (the test of this script). `--from-summary` rewrites RESULTS.md from the
+kept summary.json and READING.md alone (after editing the reading; the runs are not in git).
+
+The same runs are sweep specs too (scripts/sweeps/ablation.py etc., `python -m andrea_jax.sweep`),
+which add GPU placement and Slurm job arrays.
 """
 from __future__ import annotations
 
@@ -19,35 +23,11 @@ import argparse
 import json
 import pathlib
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andrea_jax.repro import experiments, runner  # noqa: E402
-
-
-def plan(exp, runs_dir: pathlib.Path, seeds, extra, arms) -> dict:
-    """{name: (command, workdir, steps)}, seeds outermost: a stopped invocation leaves whole seeds."""
-    runs = {}
-    for seed in seeds:
-        for arm in arms:
-            sets, workdir = experiments.run_sets(exp, arm, seed, extra), runs_dir / f"{arm}_s{seed}"
-            command = runner.train_command(exp.config, workdir, sets)
-            runs[f"{arm}_s{seed}"] = (command, workdir, runner.steps_of(sets))
-    return runs
-
-
-def precheck(exp, runs_dir: pathlib.Path, code: pathlib.Path, extra, jobs: int) -> None:
-    """The first two arms for a few steps; prints block 1's gradient norm over block L's."""
-    from andrea_jax.repro import summarize
-    arms = list(exp.arms)[:2]
-    runs = plan(exp, runs_dir / "precheck", [0], [*extra, *exp.precheck_sets], arms)
-    runner.run_all(runs, code, jobs)
-    for name, (_, workdir, _) in runs.items():
-        steps, ratio = summarize.grad_ratio_curve(workdir)
-        print(f"precheck {name}: |grad block 1| / |grad block L| by step: " +
-              ", ".join(f"{s}: {r:.2g}" for s, r in zip(steps, ratio)), flush=True)
 
 
 def main(argv=None) -> int:
@@ -65,10 +45,17 @@ def main(argv=None) -> int:
                         help="train from this git commit (git archive) instead of the working tree")
     parser.add_argument("--toy", action="store_true", help="2 arms, 1 seed, a few steps: a smoke test")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--from-summary", action="store_true",
+                        help="rewrite OUT/RESULTS.md from the kept OUT/prores_repro/summary.json (no runs needed; "
+                             "--runs: the folder the report names)")
     args = parser.parse_args(argv)
-    if not (args.experiment or args.report_only):
-        parser.error("give --experiment NAME or --report-only")
+    if not (args.experiment or args.report_only or args.from_summary):
+        parser.error("give --experiment NAME, --report-only or --from-summary")
     runs_root = args.runs.resolve()
+    if args.from_summary:
+        from andrea_jax.repro import report
+        print(f"wrote {report.rewrite_from_summary(args.out.resolve(), report._shown(runs_root))}")
+        return 0
 
     if args.experiment and not args.report_only:
         exp = experiments.EXPERIMENTS[args.experiment]
@@ -85,13 +72,11 @@ def main(argv=None) -> int:
         runs_dir.mkdir(parents=True, exist_ok=True)
         (runs_dir / "experiment.json").write_text(json.dumps(
             {"toy": args.toy, "seeds": seeds, "arms": arms, "extra": args.set, "jobs": args.jobs}, indent=1))
-        start = time.perf_counter()
-        if exp.precheck_steps:
-            precheck(exp, runs_dir, code, args.set, args.jobs)
-        runner.run_all(plan(exp, runs_dir, seeds, args.set, arms), code, args.jobs)
+        seconds = runner.precheck(exp, runs_dir, code, args.set, args.jobs) if exp.precheck_steps else 0.0
+        seconds += runner.run_all(runner.plan(exp, runs_dir, seeds, arms, args.set), code, args.jobs)
         wall = runs_dir / "wall.json"  # summed over the invocations that trained
         before = json.loads(wall.read_text())["seconds"] if wall.is_file() else 0.0
-        wall.write_text(json.dumps({"seconds": before + time.perf_counter() - start}))
+        wall.write_text(json.dumps({"seconds": before + seconds}))
 
     from andrea_jax.repro import report
     written = report.write_all(runs_root, args.out.resolve(), toy=args.toy)

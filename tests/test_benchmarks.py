@@ -2,7 +2,6 @@
 the benchmarks must run without them, on synthetic tokens; `gpu_all.sh --smoke` runs every phase
 of the GPU command on CPU at tiny shapes. The CPU benchmarks decode.py, step.py and data.py run at
 toy sizes and print what they measure. And the MFU's FLOP count, checked by hand."""
-import importlib.util
 import json
 import os
 import pathlib
@@ -14,9 +13,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ABSENT_ON_GPU_MACHINE = ["grain", "tensorflow_datasets", "tokenizers", "tqdm", "tensorboardX", "array_record"]
 
-spec = importlib.util.spec_from_file_location("bench_mfu", ROOT / "benchmarks" / "mfu.py")
-mfu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mfu)
+from andrea_jax.train import mfu  # noqa: E402
 
 
 def test_train_step_benchmark_runs_without_the_data_stack():

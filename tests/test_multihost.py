@@ -1,6 +1,7 @@
 """Two real processes on 127.0.0.1 (gloo collectives) train exactly like one process on the same
 global batch: each reads its own rows, the gradient is all-reduced across processes; with linear
-ProRes at T = 2 the alphas ramp through the whole run (layer 2 fully on only after step 4)."""
+ProRes at T = 2 the alphas ramp through the whole run (layer 2 fully on only after step 4); the
+in-loop task scores (train.eval_tasks) equal one process's."""
 import json
 import os
 import pathlib
@@ -14,7 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = ["train.steps=4", "train.log_every=1", "train.eval_every=2", "train.eval_batches=1",
             "train.batch_size=4", "train.sample_tokens=0", "train.checkpoint_every=2",
             "model.n_layer=2", "model.d_model=32", "model.seq_len=16", "diagnostics.tensorboard=false",
-            "prores.schedule=linear", "prores.warmup=2"]
+            "prores.schedule=linear", "prores.warmup=2",
+            f"train.eval_tasks={ROOT / 'tasks' / 'shakespeare_mc.jsonl'},{ROOT / 'tasks' / 'shakespeare_lambada.jsonl'}"]
 
 
 def command(workdir, *extra):
@@ -48,4 +50,10 @@ def test_two_processes_equal_one(tmp_path):
         np.testing.assert_allclose([l[key] for l in multi], [l[key] for l in one], rtol=1e-6)
     np.testing.assert_allclose([l["val_loss"] for l in multi if "val_loss" in l],
                                [l["val_loss"] for l in one if "val_loss" in l], rtol=1e-6)
+    # train.eval_tasks across processes: every process scores the same examples on the global
+    # parameters, and the numbers equal one process's
+    task_keys = sorted(k for k in one[1] if k.startswith("task/"))
+    assert task_keys and task_keys == sorted(k for k in multi[1] if k.startswith("task/"))
+    for key in task_keys:
+        np.testing.assert_allclose([l[key] for l in multi if key in l], [l[key] for l in one if key in l], rtol=1e-6)
     assert sorted(p.name for p in (tmp_path / "multi" / "checkpoints").iterdir()) == ["2", "4"]

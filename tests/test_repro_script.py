@@ -91,6 +91,16 @@ def test_toy_ablation_writes_report_and_figures_and_resumes(tmp_path, tok_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "2 of 2 runs already done; training 0" in again.stdout
 
+    # Experiment A as a sweep spec (scripts/sweeps/ablation.py), on the same folders and overrides:
+    # the sweep runner plans the same runs, finds both done, and writes the same report, byte for byte.
+    written = {p: p.read_bytes() for p in [docs / "RESULTS.md", *(docs / "prores_repro").rglob("*") ] if p.is_file()}
+    sweep = subprocess.run([sys.executable, "-m", "andrea_jax.sweep", str(ROOT / "scripts" / "sweeps" / "ablation.py"),
+                            *command[command.index("--toy"):]], capture_output=True, text=True, timeout=300)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    assert "2 of 2 runs already done; training 0" in sweep.stdout
+    rewritten = {p: p.read_bytes() for p in [docs / "RESULTS.md", *(docs / "prores_repro").rglob("*")] if p.is_file()}
+    assert len(written) == 7 and rewritten == written   # RESULTS.md, summary.json and the 5 figures
+
 
 def test_toy_post_ln_t_sweep_plots_loss_against_t_l_over_steps(tmp_path, tok_path):
     command = toy_command("postln_tsweep", tmp_path, tok_path)

@@ -2,16 +2,23 @@
 2 seeds, trained 2 at a time on the CPU: killed mid-run, the rerun resumes the stopped runs from
 their checkpoints and retrains none of the finished ones; the report pairs each arm with the
 baseline of its group; --slurm writes one array task per run with the runner's command."""
+import itertools
 import json
 import os
 import pathlib
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
+
 from andrea_jax import sweep as sweep_lib
+from andrea_jax.errors import ConfigError
+from andrea_jax.sweep import Sweep
+from andrea_jax.repro import experiments, runner
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -86,9 +93,103 @@ def test_a_grid_runs_two_at_a_time_resumes_after_a_kill_and_reports(tmp_path, to
 
 
 def test_the_shipped_spec_plans_its_grid():
-    exps = sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweep_depth_x_schedule.py")))
+    exps = sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "depth_x_schedule.py")))
     assert list(exps) == [f"depth_x_schedule/n_layer={n}" for n in (12, 24, 48)]
     assert list(exps["depth_x_schedule/n_layer=24"].arms) == [
         "schedule=none,scale_updates=none", "schedule=none,scale_updates=alpha",
         "schedule=linear,scale_updates=none", "schedule=linear,scale_updates=alpha"]
     assert len(sweep_lib.plan(exps, ROOT / "runs" / "unused")) == 36
+
+
+def test_explicit_arms_cross_the_axes_and_name_their_baseline():
+    exps = sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "t_by_depth.py")))
+    assert list(exps) == ["t_by_depth/n_layer=4", "t_by_depth/n_layer=12"]
+    deep = exps["t_by_depth/n_layer=12"]
+    assert deep.arms == {"none": ("prores.schedule=none",),
+                         "T10": ("prores.schedule=linear", "prores.warmup=10"),
+                         "T100": ("prores.schedule=linear", "prores.warmup=100")}
+    assert deep.baseline == "none" and deep.seeds == (0, 1)
+    assert deep.common == ("model.norm=pre", "train.steps=600", "model.n_layer=12")
+    runs = sweep_lib.plan(exps, pathlib.Path("/r"))
+    assert len(runs) == 12
+    command, workdir, steps = runs["t_by_depth/n_layer=12/T100_s1"]
+    assert workdir == pathlib.Path("/r/t_by_depth/n_layer=12/T100_s1") and steps == 600
+    assert command[1:] == ["train.py", "--config", "tiny", "--workdir", str(workdir),
+                           *[a for s in ("model.norm=pre", "train.steps=600", "model.n_layer=12",
+                                         "prores.schedule=linear", "prores.warmup=100", "train.seed=1")
+                             for a in ("--set", s)]]
+    # no axis left: one group, named as the sweep
+    flat = Sweep(name="flat", config="tiny", axes={}, arms={"a": ("prores.schedule=none",)}, baseline="a")
+    assert list(sweep_lib.groups(flat)) == ["flat"]
+    for bad, message in [(dict(arms={"a": ()}, baseline="b"), "one of ['a']"),
+                         (dict(arms={"a": ()}, baseline={"prores.schedule": "none"}), "one arm's name"),
+                         (dict(arms={"a": ("prores.schedule=sideways",)}, baseline="a"), "prores.schedule")]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            sweep_lib.groups(Sweep(name="bad", config="tiny", axes={}, **bad))
+
+
+@pytest.mark.parametrize("name", ["ablation", "stability", "tsweep", "postln_tsweep"])
+def test_experiments_a_to_d_are_specs_that_plan_the_reproductions_runs(name):
+    exp = experiments.EXPERIMENTS[name]
+    assert sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / f"{name}.py")) is exp
+    runs = sweep_lib.plan(sweep_lib.groups(exp), pathlib.Path("/r"), ["model.vocab_size=300"])
+    # The reproduction's runs, built here from the experiment's data: RUNS/NAME/ARM_sSEED, train.py with
+    # the common overrides, the arm's, the seed and the extra ones; an experiment's precheck first.
+    want = {}
+    if exp.precheck_steps:
+        for arm in list(exp.arms)[:2]:
+            sets = [*exp.common, *exp.arms[arm], "train.seed=0", "model.vocab_size=300", *exp.precheck_sets]
+            want[f"{name}/precheck/{arm}_s0"] = (pathlib.Path(f"/r/{name}/precheck/{arm}_s0"), sets)
+    for seed in exp.seeds:
+        for arm, arm_sets in exp.arms.items():
+            want[f"{name}/{arm}_s{seed}"] = (pathlib.Path(f"/r/{name}/{arm}_s{seed}"),
+                                             [*exp.common, *arm_sets, f"train.seed={seed}", "model.vocab_size=300"])
+    assert list(runs) == list(want)
+    for run, (workdir, sets) in want.items():
+        command, planned_dir, _ = runs[run]
+        assert planned_dir == workdir
+        assert command[1:] == ["train.py", "--config", exp.config, "--workdir", str(workdir),
+                               *[a for s in sets for a in ("--set", s)]]
+    assert runs[f"{name}/{list(exp.arms)[0]}_s0"][2] == exp.steps()
+    if name == "ablation":
+        assert runs["ablation/precheck/none_s0"][2] == 150
+
+
+@pytest.mark.parametrize("out, runs", [("docs", "runs/prores_repro"), ("docs/scaled", "runs/scaled"),
+                                       ("docs/depth_scaled", "runs/depth")])
+def test_kept_reports_regenerate_byte_for_byte_from_their_summaries(out, runs, monkeypatch):
+    from andrea_jax.repro import report
+    monkeypatch.chdir(ROOT)  # the report names its folders relative to the working directory
+    summary = json.loads((ROOT / out / "prores_repro" / "summary.json").read_text())
+    assert report.markdown(summary, ROOT / out, runs, list(experiments.EXPERIMENTS)) == (ROOT / out / "RESULTS.md").read_text()
+
+
+def test_each_run_holds_its_own_gpus_while_it_runs(tmp_path, monkeypatch):
+    # nvidia-smi -L as a 4-GPU machine prints it; 2 GPUs per run make 2 slots, "0,1" and "2,3".
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\n" + "".join(
+        f'echo "GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})"\n' for i in range(4)))
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    gpus = sweep_lib.visible_gpus()
+    assert gpus == ["0", "1", "2", "3"]
+    slots = sweep_lib.device_sets(gpus, 2)
+    assert slots == ["0,1", "2,3"]
+    with pytest.raises(ConfigError, match="only 4 GPU"):
+        sweep_lib.device_sets(gpus, 8)
+    # Six stand-in runs that each print the GPUs they see and hold them for a while.
+    probe = "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(0.4)"
+    runs = {f"r{i}": ([sys.executable, "-c", probe], tmp_path / f"r{i}", 1) for i in range(6)}
+    runner.run_all(runs, tmp_path, jobs=1, log=lambda *_: None, device_sets=slots)
+    results = [json.loads((tmp_path / f"r{i}" / "result.json").read_text()) for i in range(6)]
+    for i, r in enumerate(results):
+        assert r["devices"] in slots
+        assert (tmp_path / f"r{i}" / "train.log").read_text().strip() == r["devices"]   # what the process saw
+    assert {r["devices"] for r in results} == set(slots)
+    # two runs that overlapped in time never held the same GPUs; with 2 slots at most 2 ran at once
+    for a, b in itertools.combinations(results, 2):
+        if a["started"] < b["ended"] and b["started"] < a["ended"]:
+            assert a["devices"] != b["devices"]
+    moments = sorted(t for r in results for t in (r["started"], r["ended"]))
+    assert max(sum(r["started"] <= t < r["ended"] for r in results) for t in moments) == 2

@@ -65,6 +65,7 @@ def summarize_experiment(exp, runs_dir: pathlib.Path) -> dict | None:
     if not meta_path.is_file():
         return None
     meta = json.loads(meta_path.read_text())
+    exp = experiments.toy(exp) if meta["toy"] else exp  # the scale and seeds the runs had
     arms = [a for a in exp.arms if a in meta["arms"]]
     per_run = {f"{a}_s{s}": summarize.run_summary(runs_dir / f"{a}_s{s}")
                for s in meta["seeds"] for a in arms}
@@ -148,6 +149,18 @@ def draw(exp, runs_dir: pathlib.Path, summary: dict, out: pathlib.Path) -> list:
     return written
 
 
+def _shown(path: pathlib.Path) -> str:
+    """A folder as the report names it: relative to the working directory when under it."""
+    return os.path.relpath(path, pathlib.Path.cwd()) if path.is_relative_to(pathlib.Path.cwd()) else str(path)
+
+
+def markdown(summary: dict, out: pathlib.Path, runs: str, known: list) -> str:
+    """OUT/RESULTS.md from a summary.json's contents and the kept READING.md beside it."""
+    notes = out / "prores_repro" / "READING.md"
+    return tables.results_markdown(summary["experiments"], summary["machine"],
+                                   notes.read_text() if notes.is_file() else "", runs=runs, out=_shown(out), known=known)
+
+
 def write_all(runs_root: pathlib.Path, out: pathlib.Path, toy: bool = False, exps: dict | None = None) -> list:
     """Summaries and figures of every experiment with runs under runs_root; OUT/RESULTS.md.
     exps: {name: Experiment} (a sweep's groups); default the reproduction's EXPERIMENTS."""
@@ -163,10 +176,19 @@ def write_all(runs_root: pathlib.Path, out: pathlib.Path, toy: bool = False, exp
         summaries[name] = summary
     figures_root.mkdir(parents=True, exist_ok=True)
     summary_path = figures_root / "summary.json"
-    summary_path.write_text(json.dumps({"machine": machine(), "experiments": summaries}, indent=1))
-    notes = figures_root / "READING.md"
+    summary = {"machine": machine(), "experiments": summaries}
+    summary_path.write_text(json.dumps(summary, indent=1))
     report = out / "RESULTS.md"
-    shown = lambda path: os.path.relpath(path, pathlib.Path.cwd()) if path.is_relative_to(pathlib.Path.cwd()) else str(path)
-    report.write_text(tables.results_markdown(summaries, machine(), notes.read_text() if notes.is_file() else "",
-                                              runs=shown(runs_root), out=shown(out), known=list(known)))
+    report.write_text(markdown(summary, out, _shown(runs_root), list(known)))
     return [report, summary_path, *[out / f for s in summaries.values() for f in s["figures"]]]
+
+
+def rewrite_from_summary(out: pathlib.Path, runs: str) -> pathlib.Path:
+    """OUT/RESULTS.md again from the kept OUT/prores_repro/summary.json and READING.md, without
+    the runs (which are not kept in git): the tables and text come back byte for byte; the figures
+    are drawn from the runs' metric lines, so they are left as they are. runs: the runs' folder as
+    the first report named it."""
+    summary = json.loads((out / "prores_repro" / "summary.json").read_text())
+    report = out / "RESULTS.md"
+    report.write_text(markdown(summary, out, runs, list(experiments.EXPERIMENTS)))
+    return report

@@ -87,14 +87,42 @@ def train_one(command: list, workdir: pathlib.Path, code: pathlib.Path, steps: i
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / COMMAND).write_text(shlex.join(command[1:]))
-    start = time.perf_counter()
+    start, started = time.perf_counter(), time.time()
     with (workdir / "train.log").open("a" if resume else "w") as log:
         rc = subprocess.run(command, cwd=code, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(code), **(env or {})}).returncode
     result = {"command": shlex.join(command[1:]), "returncode": rc, "seconds": time.perf_counter() - start,
-              "outcome": _classify(workdir, rc, steps)}
+              "outcome": _classify(workdir, rc, steps),
+              # where and when it ran: which GPUs it held, and the wall-clock span they were held
+              "devices": (env or {}).get("CUDA_VISIBLE_DEVICES"), "started": started, "ended": time.time()}
     (workdir / "result.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def plan(exp, runs_dir: pathlib.Path, seeds=None, arms=None, extra=()) -> dict:
+    """{ARM_sSEED: (command, workdir, steps)} of one experiment (default: all its seeds and arms),
+    seeds outermost: a stopped invocation leaves whole seeds. The reproduction script and the
+    sweep runner both plan with this, so either finds the other's runs done."""
+    from andrea_jax.repro import experiments
+    runs = {}
+    for seed in exp.seeds if seeds is None else seeds:
+        for arm in exp.arms if arms is None else arms:
+            sets, workdir = experiments.run_sets(exp, arm, seed, extra), runs_dir / f"{arm}_s{seed}"
+            runs[f"{arm}_s{seed}"] = (train_command(exp.config, workdir, sets), workdir, steps_of(sets))
+    return runs
+
+
+def precheck(exp, runs_dir: pathlib.Path, code: pathlib.Path, extra, jobs: int, log=print) -> float:
+    """The experiment's first two arms for exp.precheck_steps, in RUNS/EXPERIMENT/precheck; logs
+    block 1's gradient norm over block L's (the report quotes it too). Returns the seconds spent."""
+    from andrea_jax.repro import summarize
+    runs = plan(exp, runs_dir / "precheck", [0], list(exp.arms)[:2], [*extra, *exp.precheck_sets])
+    seconds = run_all(runs, code, jobs, log)
+    for name, (_, workdir, _) in runs.items():
+        steps, ratio = summarize.grad_ratio_curve(workdir)
+        log(f"precheck {name}: |grad block 1| / |grad block L| by step: " +
+            ", ".join(f"{s}: {r:.2g}" for s, r in zip(steps, ratio)))
+    return seconds
 
 
 def steps_of(sets) -> int:
@@ -111,6 +139,8 @@ def run_all(runs: dict, code: pathlib.Path, jobs: int, log=print, *, resume: boo
     todo = [n for n, (cmd, wd, _) in runs.items() if outcome(wd, cmd) is None]
     jobs = len(device_sets) if device_sets else jobs
     log(f"{len(runs) - len(todo)} of {len(runs)} runs already done; training {len(todo)}, {jobs} at a time")
+    if not todo:
+        return 0.0  # no wall time spent training: the reports' wall time stays as it was
     free = queue.Queue()
     for devices in device_sets or [None] * max(1, jobs):
         free.put(devices)

@@ -243,7 +243,7 @@ def results_markdown(summaries: dict, machine: str, notes: str, runs: str = "run
         lines += experiment_section(name, s)
     not_run = [n for n in (experiments.EXPERIMENTS if known is None else known) if n not in summaries]
     if not_run and all(n in experiments.EXPERIMENTS for n in not_run):  # a sweep's groups have no command each
-        lines += ["## Not run", "", "No runs yet for: " + ", ".join(
+        lines += ["## Not run here", "", f"No runs under `{runs}/` for: " + ", ".join(
             f"`python scripts/reproduce_prores.py --experiment {n}`" for n in not_run) + ".", ""]
     if "ablation" in summaries:  # the superseded setup was Experiment A's
         lines += [SUPERSEDED]

@@ -64,6 +64,15 @@ def _place(params, array_BT: np.ndarray):
     return jax.device_put(array_BT, jax.sharding.NamedSharding(mesh, spec))
 
 
+def _to_host(x_BT: jax.Array) -> np.ndarray:
+    """The whole array on this host. Under a mesh that spans processes (train.eval_tasks in a
+    multi-process run) each process holds only its rows; every process gathers all of them."""
+    if x_BT.is_fully_addressable:
+        return np.asarray(x_BT)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x_BT, tiled=True))
+
+
 def token_logprobs(loaded: load.LoadedModel, sequences: Sequence[Sequence[int]], *,
                    batch_size: int = DEFAULT_BATCH, impl: str | None = None
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -89,7 +98,7 @@ def token_logprobs(loaded: load.LoadedModel, sequences: Sequence[Sequence[int]],
             tokens_BT[r, :len(s) - 1], targets_BT[r, :len(s) - 1] = s[:-1], s[1:]
         logprob_BT, greedy_BT = fn(loaded.params, alphas_L, _place(loaded.params, tokens_BT),
                                    _place(loaded.params, targets_BT))
-        logprob_BT, greedy_BT = np.asarray(logprob_BT), np.asarray(greedy_BT)
+        logprob_BT, greedy_BT = _to_host(logprob_BT), _to_host(greedy_BT)
         for r, i in enumerate(rows):
             n = len(sequences[i]) - 1
             out[i] = (logprob_BT[r, :n], greedy_BT[r, :n])

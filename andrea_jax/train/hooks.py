@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from andrea_jax.config import Config
 from andrea_jax.data import pipeline
 from andrea_jax.errors import TrainingError
-from andrea_jax.train import checkpoint, diagnostics, optim, preemption, steps
+from andrea_jax.train import checkpoint, diagnostics, mfu, optim, preemption, steps
 from andrea_jax.train.metrics import MetricsLog, metric_line
 from andrea_jax.workdir import Workdir
 
@@ -50,6 +50,8 @@ class Run:
     skipped: int | None = None    # updates skipped so far (optim.skip_nonfinite)
     knockout_step: Callable | None = None  # diagnostics.knockout: steps.make_knockout_step
     tasks: dict = dataclasses.field(default_factory=dict)  # train.eval_tasks: {name: examples}
+    flops_per_token: float = 0.0  # the model's training FLOPs per token (andrea_jax/train/mfu.py)
+    peak_flops: float | None = None  # per chip (train.peak_tflops or the device kind's); None: no mfu
     spikes_seen: int = 0          # loss spikes skipped (optim.skip_spikes) already reported
     spike: dict | None = None     # the latest skipped spike not yet in a metric line
     line: dict | None = None      # the metric line being built at a log step
@@ -146,6 +148,8 @@ def start_line(run: Run, step: int) -> None:
     run.line = metric_line(step, run.step_metrics)
     tokens = run.cfg.train.batch_size * run.cfg.model.seq_len * (step - run.last_step)
     run.line["tokens_per_sec"] = tokens / (time.perf_counter() - run.last_time)
+    if run.peak_flops:
+        run.line["mfu"] = mfu.mfu(run.line["tokens_per_sec"], run.flops_per_token, run.peak_flops, jax.device_count())
     if run.skipped is not None:
         run.line["skipped_updates"] = run.skipped
     if run.spike is not None:

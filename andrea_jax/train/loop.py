@@ -17,7 +17,7 @@ from tqdm import tqdm
 from andrea_jax import model as model_lib
 from andrea_jax.config import Config, ConfigError
 from andrea_jax.data import pipeline, tokenizer as tokenizer_lib
-from andrea_jax.train import checkpoint, hooks, optim, preemption
+from andrea_jax.train import checkpoint, hooks, mfu, optim, preemption, profiling
 from andrea_jax.train.metrics import MetricsLog, import_wandb
 from andrea_jax.train.sharding import batch_devices, batch_spec
 from andrea_jax.train.steps import (create_state, make_eval_step, make_knockout_step, make_mesh,
@@ -75,6 +75,7 @@ def _read_tasks(cfg: Config) -> dict:
 
 def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_schedule_change: bool,
            at_end: AtEnd | None) -> list[dict]:
+    profiling.use_compile_cache(cfg.train.compile_cache)  # before the first compile
     mesh = make_mesh(cfg)  # refuses (ConfigError) a mesh that misses the devices, heads, MLP width or batch
     resuming = ckpt is not None and ckpt.latest_step() is not None
     if resuming:  # before tokenizing: a refusal comes at once
@@ -109,6 +110,8 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
         tqdm(total=cfg.train.steps, initial=start, disable=not show_progress or jax.process_index() != 0,
              dynamic_ncols=True),
         state, start, last_step=start)
+    run.flops_per_token = mfu.model_flops_per_token(cfg.model)
+    run.peak_flops = cfg.train.peak_tflops * 1e12 or mfu.peak_flops(jax.devices()[0].device_kind)
     if cfg.diagnostics.knockout:
         run.knockout_step = make_knockout_step(cfg, mesh)
     run.tasks = tasks
@@ -121,15 +124,19 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
           f"{jax.process_count()} process(es), ProRes {cfg.prores.schedule} T={cfg.prores.warmup}, attention: "
           f"{model_lib.attention_impl(cfg.model)[1]}" + (f", resumed at step {start}" if start else ""), flush=True)
     # The mesh is current while steps are traced, so the kernels see which axes split the rows.
+    trace = profiling.StepTrace(cfg.train.profile, run_dir.root / "profile")
     with jax.set_mesh(mesh):
         try:
             for step in range(start + 1, cfg.train.steps + 1):
                 due = hooks.due(cfg, step, has_checkpoints=ckpt is not None)
                 step_fn = diag_step if "diagnostics" in due else train_step
+                trace.before(step)
                 run.state, run.step_metrics = step_fn(run.state, to_global(next(batches)))
+                trace.after(step, run.state)
                 run.pending_losses.append(run.step_metrics["loss"])
                 hooks.run_due(run, step, due, stop.agreed(at_sync_point=bool(due & hooks.SYNC)))
         finally:
+            trace.close()
             stop.uninstall()
             hooks.close(run)
         if at_end is not None:

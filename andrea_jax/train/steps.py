@@ -212,14 +212,20 @@ def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
 
 def make_knockout_step(cfg: Config, mesh: jax.sharding.Mesh):
     """(params, step, tokens_BT1) -> [L] mean losses, entry l with block l's alpha set to 0 (its
-    branches removed; a learned gate multiplies the 0): one vmapped pass over the L one-hot
-    masks of the alphas, which are an input of the model, so nothing is retraced or copied."""
+    branches removed; a learned gate multiplies the 0): a pass over the L one-hot masks of the
+    alphas, which are an input of the model, so nothing is retraced or copied. The masks go
+    diagnostics.knockout_chunk at a time through one vmapped forward (lax.map over the chunks;
+    0: all L at once), which bounds the activations held to a chunk's."""
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl, padded_logits=True)
+    chunk = cfg.diagnostics.knockout_chunk or cfg.model.n_layer
 
     def knockout_step(params, step, tokens_BT1):
         alphas_L = prores.run_alphas(cfg, step)
         kept_LL = 1.0 - jnp.eye(cfg.model.n_layer, dtype=jnp.float32)
-        return jax.vmap(lambda kept_L: loss_fn(params, model, tokens_BT1, alphas_L * kept_L))(kept_LL)
+        masked_loss = lambda kept_L: loss_fn(params, model, tokens_BT1, alphas_L * kept_L)
+        if chunk >= cfg.model.n_layer:
+            return jax.vmap(masked_loss)(kept_LL)
+        return jax.lax.map(masked_loss, kept_LL, batch_size=chunk)
 
     replicated = NamedSharding(mesh, P())
     return jax.jit(_in_layout(cfg, mesh, knockout_step),

@@ -10,7 +10,12 @@ Per token, forward + backward = 3 x forward, and a matmul of a [D_in, D_out] wei
 
 Counted once, causal half only: what the model needs, not what a kernel happens to compute (no
 masked-out scores, no vocabulary padding, no recomputation under model.remat, no LayerNorm,
-GELU or softmax). The peak is the dense bf16 rate of one chip (no 2:4 sparsity).
+GELU or softmax). The peak is the dense bf16 rate of one chip (no 2:4 sparsity). model.family=llama
+has three MLP matrices (SwiGLU: gate, up, down) and an untied head, which counts as the tied one
+(the embedding lookup is no matmul).
+
+Every training run's metric lines carry `mfu` from these (train.peak_tflops, or the device kind's
+peak); benchmarks/train_step.py reports it too.
 """
 from __future__ import annotations
 
@@ -21,16 +26,18 @@ PEAK_FLOPS = {  # dense bf16 FLOP/s per chip, matched as a substring of jax's de
 }
 
 
-def train_flops_per_token(d_model: int, n_layer: int, mlp_dim: int, vocab_size: int, seq_len: int) -> float:
+def train_flops_per_token(d_model: int, n_layer: int, mlp_dim: int, vocab_size: int, seq_len: int,
+                          mlp_matrices: int = 2) -> float:
     D, L, F, V, T = d_model, n_layer, mlp_dim, vocab_size, seq_len
-    matmul_weights = L * (4 * D * D + 2 * D * F) + V * D
+    matmul_weights = L * (4 * D * D + mlp_matrices * D * F) + V * D
     return 6.0 * matmul_weights + 6.0 * L * D * (T + 1)
 
 
 def model_flops_per_token(model_cfg, seq_len: int | None = None) -> float:
     """train_flops_per_token of an andrea_jax.config.ModelConfig."""
     m = model_cfg
-    return train_flops_per_token(m.d_model, m.n_layer, m.mlp_ratio * m.d_model, m.vocab_size, seq_len or m.seq_len)
+    return train_flops_per_token(m.d_model, m.n_layer, m.mlp_ratio * m.d_model, m.vocab_size, seq_len or m.seq_len,
+                                 mlp_matrices=3 if m.family == "llama" else 2)
 
 
 def peak_flops(device_kind: str) -> float | None:
