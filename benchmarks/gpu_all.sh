@@ -2,8 +2,10 @@
 # Every GPU benchmark in one command, sized for under 8 minutes on one H200 (docs/BENCHMARKS.md):
 #   1. kernels       the fused kernels against XLA: correctness, then time / GB/s / speedup
 #   2. train_step    andrea_120m, bf16, seq 1024, batch 64 (halved on out-of-memory), crossing
-#                    remat none|dots|full x attention cudnn|xla x kernels xla|pallas, most useful
-#                    first; variants not started within the phase's budget are recorded as skipped
+#                    remat none|dots|full x attention cudnn|xla x kernels xla|pallas in the order of
+#                    benchmarks/gpu_plan.json (each variant compiled for the H200 beforehand, on a CPU,
+#                    by andrea_jax.aot: those that do not fit are skipped, the pairs that decide the
+#                    auto defaults run first); variants not started within the budget are recorded as skipped
 #   3. microbatches  the paper's 512 x 1024 batch as train.microbatches slices of 64 rows
 # Each phase runs under its own timeout; every result is appended to $out/results.jsonl the
 # moment it exists (one JSON object per line, fields in benchmarks/train_step.py), so a phase
@@ -24,7 +26,7 @@ export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${ANDREA_CACHE:-$
 
 if [ "${1:-}" = "--smoke" ]; then
   export JAX_PLATFORMS=cpu
-  kernel_args=(--allow-cpu --rows 64 --dtypes float32 --chain 1 --repeats 1 --budget-s 30)
+  kernel_args=(--allow-cpu --rows 64 --dtypes float32,mixed --chain 1 --repeats 1 --budget-s 30)
   model=(--config tiny --set model.n_layer=2 --set model.seq_len=32 --set model.d_model=32 --set model.vocab_size=512)
   step_args=(--batch 4 --steps 2 --cross model.remat=none,dots,full --cross model.attention=cudnn
              --cross kernels.impl=xla)
@@ -32,10 +34,9 @@ if [ "${1:-}" = "--smoke" ]; then
   t_kernels=120; t_step=180; t_micro=120; budget=150
 else
   export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"  # "fills the chip"
-  kernel_args=(--rows 32768,65536 --dtypes bfloat16 --budget-s 70)
+  kernel_args=(--rows 32768,65536 --dtypes bfloat16,mixed,float32 --budget-s 70)
   model=(--config andrea_120m --set model.dtype=bfloat16 --set model.seq_len=1024)
-  step_args=(--batch 64 --steps 10 --halve-on-oom
-             --cross model.remat=none,dots,full --cross model.attention=cudnn,xla --cross kernels.impl=xla,pallas)
+  step_args=(--batch 64 --steps 10 --halve-on-oom --plan benchmarks/gpu_plan.json)
   micro_args=(--batch 512 --steps 3 --set model.attention=auto --set kernels.impl=xla
               --cross train.microbatches=8,16)
   t_kernels=110; t_step=240; t_micro=110; budget=190

@@ -50,6 +50,20 @@ ARRAYS = {
     "bias_gelu": {"fwd": 2, "fwd+bwd": 5},             # h -> y | h, dy -> dh
 }
 TARGETS = {("residual_layer_norm", "fwd+bwd"): (1.5, 0.80), ("bias_gelu", "fwd+bwd"): (1.2, None)}
+# `--dtypes mixed`: the train step's case of the norms, a float32 stream (x, h, dx, dh) with the
+# normalised y, its cotangent and the attention output delta in bf16 (y_dtype). Bytes per element.
+MIXED = "mixed"
+MIXED_BYTES = {"residual_layer_norm": {"fwd": 4 + 2 + 4 + 2, "fwd+bwd": 12 + 4 + 2 + 4 + 4 + 2},
+               "layer_norm": {"fwd": 4 + 2, "fwd+bwd": 6 + 4 + 2 + 4}}
+
+
+def _dtypes(dtype):
+    """(stream dtype, dtype of delta and y or None): `mixed` is float32 in, bf16 out."""
+    return (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)) if dtype == MIXED else (jnp.dtype(dtype), None)
+
+
+def dtype_label(dtype) -> str:
+    return MIXED if dtype == MIXED else jnp.dtype(dtype).name
 
 
 def available_impls() -> tuple[list[str], str]:
@@ -70,19 +84,21 @@ def make_case(op: str, rows: int, dtype, seed: int = 0):
     """(primals, cotangent, fn(impl) -> callable(*primals)) for one op at one shape."""
     rng = np.random.default_rng(seed)
     arr = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+    dtype, y_dtype = _dtypes(dtype)
+    small = y_dtype or dtype
     if op == "residual_layer_norm":
         D = D_NORM
-        primals = (arr(rows, D).astype(dtype), arr(rows, D).astype(dtype), jnp.float32(0.37),
+        primals = (arr(rows, D).astype(dtype), arr(rows, D).astype(small), jnp.float32(0.37),
                    arr(D) + 1.0, arr(D))
-        cot = (arr(rows, D).astype(dtype), arr(rows, D).astype(dtype))
-        fn = lambda impl: (lambda *a: reference.residual_layer_norm(*a)) if impl == "ref" else \
-            (lambda *a: kernels.residual_layer_norm(*a, impl=impl))
+        cot = (arr(rows, D).astype(dtype), arr(rows, D).astype(small))
+        fn = lambda impl: (lambda *a: reference.residual_layer_norm(*a, y_dtype=y_dtype)) if impl == "ref" else \
+            (lambda *a: kernels.residual_layer_norm(*a, impl=impl, y_dtype=y_dtype))
     elif op == "layer_norm":
         D = D_NORM
         primals = (arr(rows, D).astype(dtype), arr(D) + 1.0, arr(D))
-        cot = arr(rows, D).astype(dtype)
-        fn = lambda impl: (lambda *a: reference.layer_norm(*a)) if impl == "ref" else \
-            (lambda *a: kernels.layer_norm(*a, impl=impl))
+        cot = arr(rows, D).astype(small)
+        fn = lambda impl: (lambda *a: reference.layer_norm(*a, y_dtype=y_dtype)) if impl == "ref" else \
+            (lambda *a: kernels.layer_norm(*a, impl=impl, y_dtype=y_dtype))
     else:
         D = D_GELU
         primals = (arr(rows, D).astype(dtype), arr(D))
@@ -131,11 +147,15 @@ def check(op: str, impl: str, dtype, rows: int = 4096 + 7) -> tuple[bool, float]
     """
     primals, cot, fn, _ = make_case(op, rows, dtype, seed=1)
     up = lambda t: jax.tree.map(lambda a: a.astype(jnp.float32), t)
+    stream, y_dtype = _dtypes(dtype)
+    rounded = lambda y: y if y_dtype is None else y.astype(y_dtype).astype(jnp.float32)
     if op == "residual_layer_norm":
         def ref(x, d, a, g, b):
             h32 = x + a * d
-            h = h32 + jax.lax.stop_gradient(h32.astype(dtype).astype(jnp.float32) - h32)
-            return h, reference.layer_norm(h, g, b)
+            h = h32 + jax.lax.stop_gradient(h32.astype(stream).astype(jnp.float32) - h32)
+            return h, rounded(reference.layer_norm(h, g, b))
+    elif op == "layer_norm":
+        ref = lambda x, g, b: rounded(reference.layer_norm(x, g, b))
     else:
         ref = fn("ref")
     errs = []
@@ -145,7 +165,7 @@ def check(op: str, impl: str, dtype, rows: int = 4096 + 7) -> tuple[bool, float]
         r_out, r_grads = jax.jit(fwd_bwd(ref, op, trained_alpha=trained))(up(primals), up(cot))
         errs += [rel_err(a, b) for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(r_out))]
         errs += [rel_err(a, b) for a, b in zip(grads, r_grads)]
-    tol = 1e-4 if dtype == jnp.float32 else 1e-2
+    tol = 1e-4 if dtype != MIXED and jnp.dtype(dtype) == jnp.float32 else 1e-2
     return max(errs) <= tol, max(errs)
 
 
@@ -241,7 +261,7 @@ def main(argv=None) -> int:
     if note:
         print(note)
     ops = a.ops.split(",")
-    dtypes = [jnp.dtype(d) for d in a.dtypes.split(",")]
+    dtypes = [d if d == MIXED else jnp.dtype(d) for d in a.dtypes.split(",")]
     rows_list = [int(r) for r in a.rows.split(",")]
 
     failed = []
@@ -249,21 +269,24 @@ def main(argv=None) -> int:
     for op in ops:
         for impl in impls[1:]:
             for dtype in dtypes:
+                if dtype == MIXED and op not in MIXED_BYTES:
+                    continue
                 try:
                     ok, err = check(op, impl, dtype, rows=min(4096, rows_list[0]) + 7)
                 except Exception as exc:  # a backend that does not build here must not hide the others
-                    print(f"ERROR {op:20s} {impl:7s} {dtype.name:9s} {type(exc).__name__}: {str(exc)[:300]}")
-                    failed.append((op, impl, dtype.name, type(exc).__name__))
+                    print(f"ERROR {op:20s} {impl:7s} {dtype_label(dtype):9s} {type(exc).__name__}: {str(exc)[:300]}")
+                    failed.append((op, impl, dtype_label(dtype), type(exc).__name__))
                     continue
-                print(f"{'PASS' if ok else 'FAIL'} {op:20s} {impl:7s} {dtype.name:9s} {err:.2e}", flush=True)
-                append_json(a.json, dict(phase="kernels_check", op=op, impl=impl, dtype=dtype.name,
+                print(f"{'PASS' if ok else 'FAIL'} {op:20s} {impl:7s} {dtype_label(dtype):9s} {err:.2e}", flush=True)
+                append_json(a.json, dict(phase="kernels_check", op=op, impl=impl, dtype=dtype_label(dtype),
                                          ok=bool(ok), rel_err=err))
                 if not ok:
-                    failed.append((op, impl, dtype.name, err))
+                    failed.append((op, impl, dtype_label(dtype), err))
 
     tilings = [("default", pallas_ops.GpuTiling())]
     if a.sweep:
         tilings += [("tile8k-w8", pallas_ops.GpuTiling(tile_elems=8192, norm_warps=8, gelu_rows=16, gelu_warps=8)),
+                    ("bwd4k", pallas_ops.GpuTiling(bwd_tile_elems=4096)),  # the backward before its register cut
                     ("tile2k", pallas_ops.GpuTiling(tile_elems=2048, gelu_rows=4)),
                     ("stages2", pallas_ops.GpuTiling(bwd_stages=2)),
                     ("progs1056-rows64", pallas_ops.GpuTiling(target_programs=1056, min_rows_per_program=64))]
@@ -281,7 +304,10 @@ def main(argv=None) -> int:
                         out_of_time = True
                         break
                     D = D_GELU if op == "bias_gelu" else D_NORM
-                    nbytes = ARRAYS[op][mode] * rows * D * dtype.itemsize
+                    if dtype == MIXED and op not in MIXED_BYTES:
+                        continue  # bias+GELU reads and writes one dtype
+                    nbytes = rows * D * (MIXED_BYTES[op][mode] if dtype == MIXED else
+                                         ARRAYS[op][mode] * dtype.itemsize)
                     base = None
                     variants = [(impl, "default") for impl in impls]
                     variants += [("pallas", name) for name, _ in tilings[1:]]
@@ -290,7 +316,7 @@ def main(argv=None) -> int:
                         try:
                             t = time_call(op, impl, mode, rows, dtype, a.chain, a.repeats)
                         except Exception as err:  # report and go on: one failing lowering must not hide the rest
-                            print(f"| {op} | {mode} | {dtype.name} | {rows} x {D} | {impl} | "
+                            print(f"| {op} | {mode} | {dtype_label(dtype)} | {rows} x {D} | {impl} | "
                                   f"error: {type(err).__name__}: {str(err)[:200]} |||||")
                             continue
                         finally:
@@ -299,11 +325,11 @@ def main(argv=None) -> int:
                         gbs = nbytes / t / 1e9
                         label = impl if tiling_name == "default" else f"{impl} ({tiling_name})"
                         speedup = f"{base / t:.2f}x" if base else "-"
-                        line = (f"| {op} | {mode} | {dtype.name} | {rows} x {D} | {label} | {t * 1e6:.1f} | "
+                        line = (f"| {op} | {mode} | {dtype_label(dtype)} | {rows} x {D} | {label} | {t * 1e6:.1f} | "
                                 f"{gbs:.0f} | {100 * gbs * 1e9 / HBM_BYTES_PER_S:.0f}% | {speedup} |")
                         print(line, flush=True)
                         lines.append(line)
-                        records.append(dict(phase="kernels", op=op, mode=mode, dtype=dtype.name, rows=rows, D=D,
+                        records.append(dict(phase="kernels", op=op, mode=mode, dtype=dtype_label(dtype), rows=rows, D=D,
                                             impl=label, seconds=t, bytes=nbytes, gb_per_s=gbs,
                                             speedup_vs_xla=(base / t if base else None)))
                         append_json(a.json, records[-1])  # now: a timeout later must not lose it

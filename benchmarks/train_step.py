@@ -154,6 +154,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--phase", default="train_step", help="the `phase` field of the records")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="start no variant after this")
     parser.add_argument("--halve-on-oom", action="store_true", help="retry a variant out of memory at half the batch")
+    parser.add_argument("--plan", help="benchmarks/gpu_plan.json: run its variants in its order (in place of "
+                        "--cross), recording those that do not fit as skipped")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
@@ -164,8 +166,19 @@ def main(argv=None) -> list[dict]:
     print(f"jax {jax.__version__}, {jax.device_count()} x {jax.devices()[0].device_kind}, "
           f"peak {peak / 1e12 if peak else 'unknown'} TFLOP/s per chip", flush=True)
     results = []
-    for overrides in variants(args.cross):
-        if time.perf_counter() - start > args.budget_s:
+    unfit = {}
+    if args.plan:
+        plan = json.loads(pathlib.Path(args.plan).read_text())
+        todo = [v["overrides"] for v in plan["variants"]]
+        unfit = {tuple(v["overrides"]): f"does not fit {plan['usable_gib']} GiB ({plan['target']}, andrea_jax.aot: "
+                 f"peak {v['peak_gib']} GiB)" for v in plan["variants"] if not v["fits"]}
+    else:
+        todo = variants(args.cross)
+    for overrides in todo:
+        if tuple(overrides) in unfit:
+            record = {"phase": args.phase, "config": args.config, "overrides": overrides,
+                      "skipped": unfit[tuple(overrides)]}
+        elif time.perf_counter() - start > args.budget_s:
             record = {"phase": args.phase, "config": args.config, "overrides": overrides,
                       "skipped": f"not started within --budget-s {args.budget_s:.0f}"}
         else:

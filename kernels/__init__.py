@@ -20,7 +20,15 @@ from andrea_jax.errors import KernelUnavailableError  # noqa: F401  (callers cat
 
 IMPLS = ("auto", "xla", "pallas", "triton")
 
+# The backend the program being traced is for: None = JAX's default backend. andrea_jax.aot sets
+# "gpu" to compile for a GPU that is not attached (the CUDA plugin's deviceless compile), so that
+# Pallas lowers through Triton, not interpret mode, and attention may pick cuDNN.
+TARGET_BACKEND: str | None = None
 
+
+def target_backend() -> str:
+    """'gpu', 'cpu', ...: the platform the traced program will run on."""
+    return TARGET_BACKEND or jax.default_backend()
 
 
 def resolve(impl: str) -> str:
@@ -53,29 +61,35 @@ def _check_features(name: str, x, *params):
                              f"dimension of input {x.shape} (expected ({D},))")
 
 
-def layer_norm(x, gamma, beta, *, eps: float = 1e-5, impl: str = "auto"):
-    """LayerNorm over the last axis; statistics in float32, output in x's dtype."""
+def _dtype_name(y_dtype) -> str | None:
+    return None if y_dtype is None else jnp.dtype(y_dtype).name  # hashable: the fused fns are cached by it
+
+
+def layer_norm(x, gamma, beta, *, eps: float = 1e-5, impl: str = "auto", y_dtype=None):
+    """LayerNorm over the last axis; statistics in float32, output in y_dtype (default x's): a
+    float32 stream normalised for a bf16 matmul is written once, in bf16, by the kernel."""
     _check_features("layer_norm", x, gamma, beta)
     backend = _backend(impl)
     if backend is None or x.size == 0:
-        return reference.layer_norm(x, gamma, beta, eps=eps)
+        return reference.layer_norm(x, gamma, beta, eps=eps, y_dtype=y_dtype)
     from andrea_jax.kernels import fused
-    return fused.layer_norm_fn(backend, float(eps))(x, gamma, beta)
+    return fused.layer_norm_fn(backend, float(eps), _dtype_name(y_dtype))(x, gamma, beta)
 
 
-def residual_layer_norm(x, delta, alpha, gamma, beta, *, eps: float = 1e-5, impl: str = "auto"):
-    """(h, y) with h = x + alpha * delta (in x's dtype) and y = LayerNorm(h)."""
+def residual_layer_norm(x, delta, alpha, gamma, beta, *, eps: float = 1e-5, impl: str = "auto", y_dtype=None):
+    """(h, y) with h = x + alpha * delta (in x's dtype) and y = LayerNorm(h) (in y_dtype, default x's)."""
     _check_features("residual_layer_norm", x, gamma, beta)
     if delta.shape != x.shape:
         raise ValueError(f"residual_layer_norm: delta {delta.shape} must have the shape of x {x.shape}")
     backend = _backend(impl)
     if backend is None or x.size == 0:
-        return reference.residual_layer_norm(x, delta, alpha, gamma, beta, eps=eps)
+        return reference.residual_layer_norm(x, delta, alpha, gamma, beta, eps=eps, y_dtype=y_dtype)
     from andrea_jax.kernels import fused
     alpha = jnp.asarray(alpha, jnp.float32)
     if alpha.shape != ():
         raise ValueError(f"residual_layer_norm: alpha must be a scalar, got shape {alpha.shape}")
-    return fused.residual_layer_norm_fn(backend, float(eps))(x, delta.astype(x.dtype), alpha, gamma, beta)
+    return fused.residual_layer_norm_fn(backend, float(eps), _dtype_name(y_dtype))(
+        x, delta.astype(x.dtype), alpha, gamma, beta)
 
 
 # The xla backend's GELU saves only its inputs for the backward pass, which recomputes the

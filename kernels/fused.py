@@ -18,10 +18,18 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
+from andrea_jax.errors import KernelUnavailableError
 from andrea_jax.kernels import sharded
 
 
-def _rows(a):
+def _rows(a, backend):
+    """a as the [rows, D] the kernels take; refuses an array past the backend's MAX_ELEMENTS (the
+    Pallas kernels compute element offsets row * D + column in int32)."""
+    if a.size > getattr(backend, "MAX_ELEMENTS", a.size):
+        raise KernelUnavailableError(
+            f"a fused kernel would address {math.prod(a.shape[:-1])} rows x {a.shape[-1]} = {a.size} elements "
+            f"on one device, past the int32 offsets it computes (2^31); split the rows over more devices "
+            f"(mesh.data / mesh.fsdp), raise train.microbatches, or use kernels.impl=xla")
     return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
@@ -42,8 +50,9 @@ def _instantiate(ct):
 
 
 @functools.lru_cache(maxsize=None)
-def residual_layer_norm_fn(backend, eps: float):
-    """(x, delta, alpha_f32, gamma, beta) -> (h, y) with h = x + alpha delta, y = LN(h).
+def residual_layer_norm_fn(backend, eps: float, y_dtype: str | None = None):
+    """(x, delta, alpha_f32, gamma, beta) -> (h, y) with h = x + alpha delta, y = LN(h) in y_dtype
+    (default x's; its cotangent comes back in y_dtype and the kernel reads it as float32).
 
     With `symbolic_zeros`, the forward rule sees whether alpha is differentiated: alpha is
     usually a constant (the ProRes schedule), and then the backward neither computes dalpha nor
@@ -52,8 +61,8 @@ def residual_layer_norm_fn(backend, eps: float):
     """
 
     def local_fwd(x, delta, alpha, gamma, beta):
-        h, y, mean, rstd = backend.ln_fwd(_rows(x), gamma, beta, eps=eps, delta=_rows(delta),
-                                          alpha=alpha)
+        h, y, mean, rstd = backend.ln_fwd(_rows(x, backend), gamma, beta, eps=eps, delta=_rows(delta, backend),
+                                          alpha=alpha, y_dtype=y_dtype)
         return h.reshape(x.shape), y.reshape(x.shape), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
 
     def primal(x, delta, alpha, gamma, beta):
@@ -72,8 +81,8 @@ def residual_layer_norm_fn(backend, eps: float):
 
     def local_bwd(h, dy, dh, alpha, gamma, mean, rstd, *delta):
         dx, ddelta, dgamma, dbeta, dalpha = backend.ln_bwd(
-            _rows(h), _rows(dy), gamma, mean.reshape(-1), rstd.reshape(-1), dh=_rows(dh),
-            alpha=alpha, delta=_rows(delta[0]) if delta else None)
+            _rows(h, backend), _rows(dy, backend), gamma, mean.reshape(-1), rstd.reshape(-1), dh=_rows(dh, backend),
+            alpha=alpha, delta=_rows(delta[0], backend) if delta else None)
         outs = (dx.reshape(h.shape), ddelta.reshape(h.shape), dgamma, dbeta)
         return outs + ((dalpha,) if delta else ())
 
@@ -103,11 +112,11 @@ def residual_layer_norm_fn(backend, eps: float):
 
 
 @functools.lru_cache(maxsize=None)
-def layer_norm_fn(backend, eps: float):
-    """(x, gamma, beta) -> LN(x)."""
+def layer_norm_fn(backend, eps: float, y_dtype: str | None = None):
+    """(x, gamma, beta) -> LN(x) in y_dtype (default x's)."""
 
     def local_fwd(x, gamma, beta):
-        _, y, mean, rstd = backend.ln_fwd(_rows(x), gamma, beta, eps=eps)
+        _, y, mean, rstd = backend.ln_fwd(_rows(x, backend), gamma, beta, eps=eps, y_dtype=y_dtype)
         return y.reshape(x.shape), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
 
     def fwd(x, gamma, beta):
@@ -117,7 +126,7 @@ def layer_norm_fn(backend, eps: float):
         return y, (x, gamma, mean, rstd, _Dtypes((beta.dtype,)))
 
     def local_bwd(x, dy, gamma, mean, rstd):
-        dx, _, dgamma, dbeta, _ = backend.ln_bwd(_rows(x), _rows(dy), gamma, mean.reshape(-1),
+        dx, _, dgamma, dbeta, _ = backend.ln_bwd(_rows(x, backend), _rows(dy, backend), gamma, mean.reshape(-1),
                                                  rstd.reshape(-1))
         return dx.reshape(x.shape), dgamma, dbeta
 
@@ -141,7 +150,7 @@ def bias_gelu_fn(backend):
     """(h, bias) -> GELU(h + bias)."""
 
     def local_fwd(h, bias):
-        return (backend.bias_gelu_fwd(_rows(h), bias).reshape(h.shape),)
+        return (backend.bias_gelu_fwd(_rows(h, backend), bias).reshape(h.shape),)
 
     # Elementwise along the features too: under tensor parallelism h's hidden width stays split.
     def fwd(h, bias):
@@ -149,7 +158,7 @@ def bias_gelu_fn(backend):
         return y, (h, bias)
 
     def local_bwd(h, bias, dy):
-        dh, dbias = backend.bias_gelu_bwd(_rows(h), bias, _rows(dy))
+        dh, dbias = backend.bias_gelu_bwd(_rows(h, backend), bias, _rows(dy, backend))
         return dh.reshape(h.shape), dbias
 
     def bwd(res, dy):

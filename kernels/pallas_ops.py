@@ -29,8 +29,15 @@ _GELU_K = 0.044715
 @dataclasses.dataclass
 class GpuTiling:
     """Launch shapes on GPU; `benchmarks/kernels_gpu.py` may sweep them (set before tracing)."""
-    tile_elems: int = 4096      # elements per row-wise tile (rows x next_pow2(D)) of the norms
+    tile_elems: int = 4096      # elements per row-wise tile (rows x next_pow2(D)) of the norms' forward
     norm_warps: int = 4
+    # The norms' backward holds several tile-sized float32 values per thread (xhat, dy, g, dx, ...).
+    # ptxas on sm_90a (benchmarks/kernel_registers.py, D = 768, bf16 dy): at 4096 elements over 4
+    # warps 166 / 201 / 216 registers (layer_norm / residual / with dalpha), 3 / 2 / 2 CTAs an SM;
+    # at 1024 (one row of 768 a tile, the program loops over its rows) 64 / 64 / 80, 8 / 8 / 6 CTAs.
+    # Same programs, same bytes moved; its speed on the GPU is pending (gpu_all.sh's kernel phase).
+    bwd_tile_elems: int = 1024
+    bwd_warps: int = 4
     gelu_rows: int = 8          # GELU tile: gelu_rows x gelu_cols
     gelu_cols: int = 1024
     gelu_warps: int = 4
@@ -40,21 +47,25 @@ class GpuTiling:
 
 
 GPU_TILING = GpuTiling()
+# Refs are indexed with int32 row * D + column offsets: one call may hold fewer elements than this
+# (kernels.fused refuses a larger one with one line; the Triton kernels compute int64 offsets).
+MAX_ELEMENTS = 2**31 - 1
 # In interpret mode every grid step is a loop iteration of gathers and scatters, so big tiles are
 # fast; 2 sub-blocks per backward program keep the in-kernel accumulation loop exercised on CPU.
 _CPU_TILE_ELEMS = 1 << 17
 _CPU_SUB_BLOCKS = 2
 
 
-# None: interpret exactly when JAX's default backend is not a GPU. False forces the Triton
-# lowering, e.g. to export for CUDA from a machine without one (tests/test_kernels.py does).
+# None: interpret exactly when the target backend (kernels.target_backend) is not a GPU. False
+# forces the Triton lowering, e.g. to export for CUDA from a machine without one (tests/test_kernels.py does).
 INTERPRET: bool | None = None
 
 
 def _interpret() -> bool:
     if INTERPRET is not None:
         return INTERPRET
-    return jax.default_backend() != "gpu"
+    from andrea_jax import kernels
+    return kernels.target_backend() != "gpu"
 
 
 def _params(num_warps: int, num_stages: int = 1):
@@ -80,7 +91,7 @@ class _Rows:
 
 
 def _row_tiling(n_rows: int, cols_p2: int, *, accumulate: bool) -> _Rows:
-    elems = _CPU_TILE_ELEMS if _interpret() else GPU_TILING.tile_elems
+    elems = _CPU_TILE_ELEMS if _interpret() else GPU_TILING.bwd_tile_elems if accumulate else GPU_TILING.tile_elems
     block = max(1, min(elems // cols_p2, pl.next_power_of_2(n_rows)))
     n_blocks = pl.cdiv(n_rows, block)
     n_sub = _sub_blocks(n_blocks, block) if accumulate else 1
@@ -130,15 +141,17 @@ def _ln_fwd_kernel(*refs, n_rows, n_cols, cols_p2, block, eps, residual):
     plgpu.store(rstd_ref.at[rows], rstd, mask=row_ok)
 
 
-def ln_fwd(x, gamma, beta, *, eps, delta=None, alpha=None):
-    """x, delta: [R, D]; alpha: f32 scalar. Returns (h or None, y, mean[R], rstd[R])."""
+def ln_fwd(x, gamma, beta, *, eps, delta=None, alpha=None, y_dtype=None):
+    """x, delta: [R, D]; alpha: f32 scalar. Returns (h or None, y, mean[R], rstd[R]); y in y_dtype
+    (default x's): the float32 stream's LayerNorm written straight in the bf16 its matmul reads."""
     n_rows, n_cols = x.shape
     cols_p2 = pl.next_power_of_2(n_cols)
     tiling = _row_tiling(n_rows, cols_p2, accumulate=False)
     residual = delta is not None
     row_out = jax.ShapeDtypeStruct((n_rows, n_cols), x.dtype)
+    y_out = jax.ShapeDtypeStruct((n_rows, n_cols), y_dtype or x.dtype)
     stat_out = jax.ShapeDtypeStruct((n_rows,), jnp.float32)
-    out_shape = ([row_out] if residual else []) + [row_out, stat_out, stat_out]
+    out_shape = ([row_out] if residual else []) + [y_out, stat_out, stat_out]
     kernel = functools.partial(_ln_fwd_kernel, n_rows=n_rows, n_cols=n_cols, cols_p2=cols_p2,
                                block=tiling.block, eps=eps, residual=residual)
     call = pl.pallas_call(kernel, out_shape=out_shape, grid=(tiling.programs,),
@@ -220,7 +233,7 @@ def ln_bwd(h, dy, gamma, mean, rstd, *, dh=None, alpha=None, delta=None):
                                with_dalpha=with_dalpha)
     call = pl.pallas_call(kernel, out_shape=out_shape, grid=(tiling.programs,),
                           interpret=_interpret(), name="residual_layer_norm_bwd" if residual else
-                          "layer_norm_bwd", **_params(GPU_TILING.norm_warps, GPU_TILING.bwd_stages))
+                          "layer_norm_bwd", **_params(GPU_TILING.bwd_warps, GPU_TILING.bwd_stages))
     col_sum = lambda part: part.reshape(tiling.programs, n_cols).sum(0)
     if with_dalpha:
         dx, ddelta, dgamma, dbeta, dalpha = call(h, dy, gamma, mean, rstd, dh,

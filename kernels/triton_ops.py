@@ -8,6 +8,8 @@ a `KernelUnavailableError` naming the missing package.
 from __future__ import annotations
 
 import inspect
+import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -26,11 +28,37 @@ except ImportError as err:  # the CPU image and CI have neither
 from andrea_jax.kernels import pallas_ops
 
 
+def _cuda12_ptxas() -> str | None:
+    """The ptxas of the nvidia-cuda-nvcc-cu12 wheel (jax[cuda12]'s, the one XLA assembles with)."""
+    try:
+        import nvidia.cuda_nvcc
+    except ImportError:
+        return None
+    path = pathlib.Path(list(nvidia.cuda_nvcc.__path__)[0]) / "bin" / "ptxas"
+    return str(path) if path.is_file() else None
+
+
+def pin_ptxas() -> None:
+    """Triton writes PTX of the newest version its ptxas reads: triton 3.9 brings a CUDA 13 ptxas
+    and writes `.version 9.4` for sm_90, which the CUDA 12.9 ptxas of jax[cuda12] rejects at the
+    kernel's first launch ("Unsupported .version 9.4; current version is '8.8'"). Pointing
+    triton at the CUDA 12 ptxas (sm_90 and up use its `ptxas_blackwell` tool) makes it write PTX
+    that ptxas assembles (8.8). A path the user set wins."""
+    ptxas = _cuda12_ptxas()
+    if ptxas:
+        os.environ.setdefault("TRITON_PTXAS_PATH", ptxas)
+        os.environ.setdefault("TRITON_PTXAS_BLACKWELL_PATH", ptxas)
+
+
+pin_ptxas()
+
+
 def check_available() -> None:
-    if jax.default_backend() != "gpu":
+    from andrea_jax import kernels
+    if kernels.target_backend() != "gpu":
         raise KernelUnavailableError(
             f"kernels impl='triton' runs only on a CUDA GPU, and this JAX backend is "
-            f"{jax.default_backend()!r}; use impl='pallas' (interpret mode) or 'xla' here")
+            f"{kernels.target_backend()!r}; use impl='pallas' (interpret mode) or 'xla' here")
 
 
 # jax-triton passes the arrays and scalars of *args first, then one pointer per output: every
@@ -39,9 +67,14 @@ def check_available() -> None:
 _OUT_KW = "out_shape" if "out_shape" in inspect.signature(jt.triton_call).parameters else "out_type"
 
 
+# None: the attached GPU's. Lowering for a GPU that is not attached (jax.export for cuda, or
+# andrea_jax.aot) needs it given, e.g. 90 for an H100 / H200.
+COMPUTE_CAPABILITY: int | None = None
+
+
 def _call(*args, kernel, out, grid, num_warps, num_stages=1, **meta):
-    return jt.triton_call(*args, kernel=kernel, grid=grid, num_warps=num_warps,
-                          num_stages=num_stages, **{_OUT_KW: out}, **meta)
+    return jt.triton_call(*args, kernel=kernel, grid=grid, num_warps=num_warps, num_stages=num_stages,
+                          compute_capability=COMPUTE_CAPABILITY, **{_OUT_KW: out}, **meta)
 
 
 def _sub_blocks(n_tiles: int, block_rows: int) -> int:
@@ -159,20 +192,21 @@ def _norm_tiles(n_rows: int, n_cols: int):
     return block_r, block_d
 
 
-def ln_fwd(x, gamma, beta, *, eps, delta=None, alpha=None):
+def ln_fwd(x, gamma, beta, *, eps, delta=None, alpha=None, y_dtype=None):
     n_rows, n_cols = x.shape
     block_r, block_d = _norm_tiles(n_rows, n_cols)
     row = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    y_row = jax.ShapeDtypeStruct(x.shape, y_dtype or x.dtype)  # tl.store casts to the pointer's type
     stat = jax.ShapeDtypeStruct((n_rows,), jnp.float32)
     grid = (_cdiv(n_rows, block_r),)
     meta = dict(BLOCK_R=block_r, BLOCK_D=block_d)
     if delta is None:
         y, mean, rstd = _call(x, gamma, beta, n_rows, n_cols, float(eps), kernel=_ln_fwd_kernel,
-                              out=[row, stat, stat], grid=grid, num_warps=pallas_ops.GPU_TILING.norm_warps, **meta)
+                              out=[y_row, stat, stat], grid=grid, num_warps=pallas_ops.GPU_TILING.norm_warps, **meta)
         return None, y, mean, rstd
     alpha = jnp.asarray(alpha, jnp.float32).reshape(1)
     h, y, mean, rstd = _call(x, delta, alpha, gamma, beta, n_rows, n_cols, float(eps),
-                             kernel=_residual_ln_fwd_kernel, out=[row, row, stat, stat], grid=grid,
+                             kernel=_residual_ln_fwd_kernel, out=[row, y_row, stat, stat], grid=grid,
                              num_warps=pallas_ops.GPU_TILING.norm_warps, **meta)
     return h, y, mean, rstd
 

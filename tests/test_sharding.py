@@ -313,9 +313,11 @@ def test_two_processes_with_fsdp_equal_one_process(tmp_path, tok_path):
 
 def test_memory_benchmark_prints_a_row_per_layout():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--configs", "tiny",
-                           "--devices", "2", "--batch", "4", "--tensor", "2"],
+                           "--devices", "2", "--batch", "4", "--tensor", "2", "--remat", "none,full"],
                           env={**os.environ, "XLA_FLAGS": ""}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [l for l in proc.stdout.splitlines() if l.startswith("| tiny")]
-    assert [r.split("|")[3].strip() for r in rows] == ["data (2, 1, 1)", "fsdp (1, 2, 1)", "fsdp+tensor (1, 1, 2)"], \
-        proc.stdout
+    assert [(r.split("|")[3].strip(), r.split("|")[4].strip()) for r in rows] == [
+        (mesh, remat) for mesh in ("data (2, 1, 1)", "fsdp (1, 2, 1)", "fsdp+tensor (1, 1, 2)")
+        for remat in ("none", "full")], proc.stdout
+    assert proc.stdout.startswith("h200:"), proc.stdout  # compiled by XLA:GPU for H200s (andrea_jax.aot)

@@ -30,7 +30,7 @@ import flax.linen as nn
 from andrea_jax import kernels
 from andrea_jax.config import ModelConfig
 from andrea_jax.model import layers
-from andrea_jax.model.layers import STREAM_BTD, constrain, padded_vocab, rms_norm, token_matmul
+from andrea_jax.model.layers import STREAM_BTD, constrain, logits_matmul, padded_vocab, rms_norm, token_matmul
 
 ROPE_THETA = 10000.0  # HF LlamaConfig's default rope_theta, as the official code leaves it
 
@@ -96,11 +96,13 @@ def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, cache, rope):
     def mlp(y_BTD):
         return swiglu(y_BTD, gate_kernel, up_kernel, down_kernel, cfg)
 
-    def norm(name, x):
-        return rms_norm(x, gains[name], eps=cfg.ln_eps)
+    def norm(name, x, y_dtype=None):
+        y = rms_norm(x, gains[name], eps=cfg.ln_eps)
+        return y if y_dtype is None else y.astype(y_dtype)
 
-    def residual_norm(name, x, f, a):
-        return residual_rms_norm(x, f, a, gains[name], eps=cfg.ln_eps)
+    def residual_norm(name, x, f, a, y_dtype=None):
+        x, y = residual_rms_norm(x, f, a, gains[name], eps=cfg.ln_eps)
+        return x, (y if y_dtype is None else y.astype(y_dtype))
 
     return attend, mlp, norm, residual_norm
 
@@ -126,6 +128,6 @@ def spine(param, cfg: ModelConfig, tokens_BT, cache):
         dtype = jnp.dtype(cfg.dtype)
         y_BTD = rms_norm(x_BTD, lnf_scale, eps=cfg.ln_eps)
         padded_DP = jnp.pad(head_DV, ((0, 0), (0, padded_vocab(V) - V)))  # zero columns
-        return token_matmul(y_BTD.astype(dtype), padded_DP.astype(dtype), preferred_element_type=jnp.float32)
+        return logits_matmul(y_BTD.astype(dtype), padded_DP.astype(dtype))
 
     return x_BTD, rope, head

@@ -51,10 +51,13 @@ import flax.linen as nn
 from andrea_jax import kernels
 from andrea_jax.config import NORMS, ModelConfig
 from andrea_jax.model import layers, llama
-from andrea_jax.model.layers import (BLOCK_PARAM_AXES, STREAM_BTD, KVCache, constrain, padded_vocab,
-                                     token_matmul)
+from andrea_jax.model.layers import (BLOCK_PARAM_AXES, STREAM_BTD, KVCache, constrain, logits_matmul,
+                                     padded_vocab)
 
 OUTPUT_PROJECTIONS = ("attn_out_kernel", "mlp_proj_kernel")
+# lax.scan's `unroll` of the block stack. 1 (a loop) always, but for andrea_jax.aot's FLOP count:
+# XLA's cost analysis counts a loop's body once, so it lowers the program once more unrolled.
+SCAN_UNROLL: int | bool = 1
 
 
 class Output(typing.NamedTuple):
@@ -69,17 +72,21 @@ class _Ops:
     """What a placement needs: the two sublayers, the block's norms and the diagnostics hook."""
     attn: Callable          # y_BTD -> Attn(y)
     mlp: Callable           # y_BTD -> MLP(y)
-    norm: Callable          # (name, x) -> LN_name(x)
-    residual_norm: Callable  # (name, x, f, a) -> (x + a f, LN_name(x + a f)), fused in a kernel
+    norm: Callable          # (name, x, y_dtype=None) -> LN_name(x) (in y_dtype, default x's)
+    residual_norm: Callable  # (name, x, f, a, y_dtype=None) -> (x + a f, LN_name(x + a f)), fused in a kernel
     record: Callable        # (sublayer, f, a, skip) -> None: notes ||a f|| / ||skip||
     layer: jnp.ndarray      # 1-based index l of this block (traced)
     n_layer: int            # L
+    # the sublayers' compute dtype: a norm whose output only feeds a sublayer writes it in this
+    # dtype (one bf16 write from the kernel, no separate convert); one that becomes the stream
+    # (Post-LN, DeepNorm) keeps the stream's float32
+    dtype: str = "float32"
 
 
 def pre_block(x, a, ops):          # x + a F(Norm(x))
-    f = ops.attn(ops.norm("ln1", x))
+    f = ops.attn(ops.norm("ln1", x, ops.dtype))
     ops.record("attn", f, a, x)
-    x, y = ops.residual_norm("ln2", x, f, a)  # the attention residual add fused into the MLP's norm
+    x, y = ops.residual_norm("ln2", x, f, a, ops.dtype)  # the attention residual add fused into the MLP's norm
     f = ops.mlp(y)
     ops.record("mlp", f, a, x)
     return x + a * f.astype(x.dtype)
@@ -95,9 +102,9 @@ def post_block(x, a, ops):         # Norm(x + a F(x))
 
 
 def sandwich_block(x, a, ops):     # x + a Norm(F(Norm(x)))
-    f = ops.norm("ln1_out", ops.attn(ops.norm("ln1", x)))
+    f = ops.norm("ln1_out", ops.attn(ops.norm("ln1", x, ops.dtype)))
     ops.record("attn", f, a, x)
-    x, y = ops.residual_norm("ln2", x, f, a)
+    x, y = ops.residual_norm("ln2", x, f, a, ops.dtype)
     f = ops.norm("ln2_out", ops.mlp(y))
     ops.record("mlp", f, a, x)
     return x + a * f.astype(x.dtype)
@@ -189,11 +196,11 @@ def _gpt2_sublayers(matrix, vector, cfg: ModelConfig, impl: str, cache):
     def mlp(y_BTD):
         return layers.mlp(y_BTD, fc_kernel, fc_bias, proj_kernel, proj_bias, cfg, impl)
 
-    def norm(name, x):
-        return kernels.layer_norm(x, *norms[name], eps=cfg.ln_eps, impl=impl)
+    def norm(name, x, y_dtype=None):
+        return kernels.layer_norm(x, *norms[name], eps=cfg.ln_eps, impl=impl, y_dtype=y_dtype)
 
-    def residual_norm(name, x, f, a):
-        return kernels.residual_layer_norm(x, f, a, *norms[name], eps=cfg.ln_eps, impl=impl)
+    def residual_norm(name, x, f, a, y_dtype=None):
+        return kernels.residual_layer_norm(x, f, a, *norms[name], eps=cfg.ln_eps, impl=impl, y_dtype=y_dtype)
 
     return attend, mlp, norm, residual_norm
 
@@ -218,11 +225,10 @@ def _gpt2_spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str):
     x_BTD = constrain((table_VD[tokens_BT] + positions).astype(jnp.float32), STREAM_BTD)
 
     def head(x_BTD):
-        y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=impl)
+        y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=impl, y_dtype=cfg.dtype)
         V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
         padded_PD = jnp.pad(tok_embedding_VD, ((0, P - V), (0, 0)))  # zero rows
-        return token_matmul(y_BTD.astype(jnp.dtype(cfg.dtype)), padded_PD.T.astype(jnp.dtype(cfg.dtype)),
-                            preferred_element_type=jnp.float32)
+        return logits_matmul(y_BTD, padded_PD.T.astype(jnp.dtype(cfg.dtype)))
 
     return x_BTD, None, head
 
@@ -280,7 +286,7 @@ class Block(nn.Module):
                 stats[f"{sublayer}_ratio"] = jnp.abs(a) * stats[f"{sublayer}_branch_ratio"]
 
         ops = _Ops(attn=attn, mlp=mlp, norm=norm, residual_norm=residual_norm, record=record,
-                   layer=layer, n_layer=cfg.n_layer)
+                   layer=layer, n_layer=cfg.n_layer, dtype=cfg.dtype)
         # alpha stays float32 and every add happens on the float32 stream, in the kernels and outside.
         x_BTD = PLACEMENTS[cfg.norm](constrain(x_BTD, STREAM_BTD), jnp.asarray(alpha, jnp.float32), ops)
         x_BTD = constrain(x_BTD, STREAM_BTD)  # the carry leaves the block in the layout it came in
@@ -319,7 +325,7 @@ class Andrea(nn.Module):
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}.get(cfg.remat)
         block = Block if policy is None else nn.remat(Block, prevent_cse=False, policy=policy)
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.n_layer,
+                        in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.n_layer, unroll=SCAN_UNROLL,
                         metadata_params={nn.PARTITION_NAME: "layers"})  # stacked params: ("layers", ...)
         layers_L = jnp.arange(1, cfg.n_layer + 1, dtype=jnp.int32)
         scanned = (jnp.asarray(alphas_L, jnp.float32), layers_L)

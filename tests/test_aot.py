@@ -1,0 +1,80 @@
+"""andrea_jax.aot: the train and eval steps compiled for an H200 on this CPU-only machine, through the
+CUDA plugin's deviceless XLA:GPU pipeline (the gpu-compile extra, in the test extra)."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from andrea_jax import aot
+
+pytest.importorskip("jax_plugins.xla_cuda12", reason="needs the gpu-compile extra (the CUDA PJRT plugin)")
+
+
+def run_aot(*args, timeout=600):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    return subprocess.run([sys.executable, "-m", "andrea_jax.aot", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def gib_of(text: str, what: str) -> float:
+    return float(re.search(rf"{what} ([0-9.]+) GiB", text).group(1))
+
+
+def test_andrea_120m_compiles_for_h200_with_pallas_kernels_and_cudnn_attention(tmp_path):
+    proc = run_aot("--target", "h200", "--config", "andrea_120m", "--set", "train.batch_size=8",
+                   "--set", "kernels.impl=pallas", "--set", "model.attention=cudnn", "--dump-hlo", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    # the Pallas kernels went through Triton: 3 forward kernels and their backwards in the train step
+    hlo = (tmp_path / "train.hlo").read_text()
+    assert aot.kernel_counts(hlo)["pallas_triton"] >= 6, out
+    # cuDNN flash attention, forward and backward, in the train step
+    fmha = set(re.findall(r'custom_call_target="(__cudnn\$fmha[A-Za-z]*)"', hlo))
+    assert any("Backward" in t for t in fmha) and any("Backward" not in t for t in fmha), fmha
+    assert "cudnn_fmha 0" not in out.splitlines()[2]
+    # the peak is printed, and is below the H200's memory
+    peak = gib_of(out.splitlines()[1], "peak")
+    assert 0 < peak < aot.target_memory("h200") / 2**30
+    # the memory is consistent: the train state (params + 2 Adam moments, float32) is an argument
+    n_params = 92_331_264
+    assert gib_of(out, "arguments") >= 3 * 4 * n_params / 2**30 - 0.01
+    # the float32 stream's LayerNorms write bf16 for their matmuls themselves (before: 6 convert-only
+    # kernels), and the logits backward runs bf16 x bf16 -> f32 (before: 2 f32 x f32 matmuls)
+    assert aot.convert_fusions(hlo) == 0, out
+    matmuls = aot.matmul_dtypes(hlo)
+    assert not any(k.startswith("f32 x f32") for k in matmuls) and matmuls.get("bf16 x bf16 -> f32", 0) >= 2, matmuls
+
+
+def test_a_config_that_cannot_fit_exits_1_with_one_line():
+    proc = run_aot("--target", "h200", "--config", "andrea_120m", "--set", "train.batch_size=4096",
+                   "--set", "model.remat=none", "--no-eval")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "does not fit one h200" in errors[0], proc.stderr[-2000:]
+
+
+def test_mesh_2_2_2_compiles_across_8_virtual_h100s():
+    proc = run_aot("--target", "h100", "--config", "andrea_120m", "--devices", "8", "--no-eval",
+                   "--set", "train.batch_size=16", "--set", "mesh.data=2", "--set", "mesh.fsdp=2",
+                   "--set", "mesh.tensor=2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "x 8:" in proc.stdout.splitlines()[0]
+    # fsdp x tensor = 4 shards of the state: a device holds about a quarter of the replicated one
+    args = gib_of(proc.stdout, "arguments")
+    assert args < 0.4 * 3 * 4 * 92_331_264 / 2**30, proc.stdout
+
+
+def test_bad_settings_are_refused_before_compiling():
+    proc = run_aot("--target", "h200", "--config", "andrea_120m", "--set", "mesh.tensor=8", "--devices", "8")
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("config error: mesh.tensor=8"), proc.stderr
+
+
+def test_target_descriptions_ship_with_the_package():
+    for name in aot.TARGETS:
+        assert aot.target_memory(name) > 40 * 2**30
+    assert aot.target_kind("h200") == "NVIDIA H200"
+    with pytest.raises(ValueError, match="unknown target"):
+        aot.target_config("v100")
