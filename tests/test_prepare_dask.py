@@ -4,6 +4,7 @@ less its timing, TFDS metadata, manifest and tokenizer), with a given tokenizer 
 trains; an empty corpus is reported (Beam's Top.Smallest lost the sample on Dask); each pipeline
 ends in one transform that needs all of its work (Dask computes only that one); a scheduler that
 cannot run the job is refused in one line."""
+import contextlib
 import json
 import os
 import pathlib
@@ -47,34 +48,41 @@ def _stop(procs):
             proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def scheduler(tmp_path_factory):
-    """tcp://127.0.0.1:PORT of a `dask scheduler` with two `dask worker` processes (one thread each,
-    no nanny: a killed worker stays dead), stopped at the end of the module."""
-    logs = tmp_path_factory.mktemp("dask_logs")
+@contextlib.contextmanager
+def dask_cluster_processes(logs: pathlib.Path, workers: int = 2):
+    """(tcp://127.0.0.1:PORT, {name: process}) of a `dask scheduler` and `workers` `dask worker`
+    processes (one thread each, no nanny: a killed worker stays dead), stopped at exit."""
+    logs.mkdir(parents=True, exist_ok=True)
     port = portpicker.pick_unused_port()
     address = f"tcp://127.0.0.1:{port}"
-    procs = []
+    procs = {}
 
     def start(name, *argv):
-        log = open(logs / f"{name}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", *argv], stdout=log, stderr=subprocess.STDOUT,
-                                      env=dict(os.environ, RAYON_NUM_THREADS="1")))
+        with open(logs / f"{name}.log", "w") as log:
+            procs[name] = subprocess.Popen([sys.executable, "-m", *argv], stdout=log, stderr=subprocess.STDOUT,
+                                           env=dict(os.environ, RAYON_NUM_THREADS="1"))
 
     try:
         start("scheduler", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
               "--no-dashboard")
-        for w in range(2):
+        for w in range(workers):
             start(f"worker{w}", "distributed.cli.dask_worker", address, "--host", "127.0.0.1", "--nthreads", "1",
                   "--no-nanny", "--no-dashboard", "--name", f"worker{w}")
         with distributed.Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=60)
-        yield address
+            client.wait_for_workers(workers, timeout=60)
+        yield address, procs
     except Exception:
         print("\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(logs.iterdir())))
         raise
     finally:
-        _stop(procs)
+        _stop(list(procs.values()))
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory):
+    """The address of a scheduler with two worker processes, for the module's tests."""
+    with dask_cluster_processes(tmp_path_factory.mktemp("dask_logs")) as (address, _):
+        yield address
 
 
 def run(corpus, out, *extra, shards=3, workers=2):
@@ -169,3 +177,76 @@ def test_a_scheduler_that_cannot_run_the_job_is_one_line(scheduler, tmp_path, to
     assert re.fullmatch(rf"error: --scheduler {scheduler}: 2 worker\(s\) \(tcp://127.0.0.1:\d+, tcp://127.0.0.1:\d+\) "
                         r"do not have andrea-jax-not-installed installed: install it \(pip install "
                         r"andrea-jax-not-installed\[dask\]\) where the workers run", lines[0]), lines[0]
+
+
+def _prepare_process(corpus, out, shards, *extra):
+    """`python -m andrea_jax.data.prepare` in its own process (so that it can be killed)."""
+    return subprocess.Popen([sys.executable, "-m", "andrea_jax.data.prepare", "--source", "files", "--path",
+                             str(corpus), "--out", str(out), "--shards", str(shards), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, RAYON_NUM_THREADS="1"))
+
+
+def _first_marker(out, proc, timeout_s=90):
+    """Waits (bounded) until a shard of `out` is complete; returns how many are."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = len(list(out.glob("*.done.json"))) if out.is_dir() else 0
+        if done:
+            return done
+        assert proc.poll() is None, f"prepare ended before any shard was complete: {proc.communicate()}"
+        time.sleep(0.02)
+    raise AssertionError(f"no shard of {out} complete in {timeout_s} s")
+
+
+SHARDS = 4   # of the corpus a worker is killed in the middle of
+
+
+@pytest.fixture(scope="module")
+def long_corpus(tmp_path_factory, tok_path):
+    """(a corpus whose shards take long enough to be killed in the middle of, the DirectRunner's
+    output on it in SHARDS shards)."""
+    folder = tmp_path_factory.mktemp("long")
+    corpus = folder / "corpus"
+    corpus.mkdir()
+    for f in range(SHARDS):   # ~0.25 MB each
+        (corpus / f"part{f}.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in PARAGRAPHS) * 4)
+    assert run(corpus, folder / "direct", "--tokenizer", str(tok_path), shards=SHARDS) == 0
+    return corpus, contents(folder / "direct")
+
+
+def test_a_worker_killed_mid_run_leaves_the_uninterrupted_output(long_corpus, tmp_path, tok_path):
+    """Dask gives the killed worker's tasks to the other one (a shard found complete by its marker
+    is not rewritten), and its half-written file is removed at the end."""
+    corpus, want = long_corpus
+    with dask_cluster_processes(tmp_path / "logs") as (address, procs):
+        out = tmp_path / "out"
+        proc = _prepare_process(corpus, out, SHARDS, "--tokenizer", str(tok_path), "--runner", "dask",
+                                "--scheduler", address)
+        done_at_kill = _first_marker(out, proc)
+        procs["worker0"].kill()
+        stdout, stderr = proc.communicate(timeout=120)
+    assert done_at_kill < SHARDS and proc.returncode == 0, stderr
+    assert contents(out) == want
+
+
+def test_a_rerun_after_a_lost_cluster_redoes_exactly_the_unfinished_shards(long_corpus, tmp_path, tok_path,
+                                                                            capsys):
+    corpus, want = long_corpus
+    with dask_cluster_processes(tmp_path / "logs") as (address, procs):
+        out = tmp_path / "out"
+        proc = _prepare_process(corpus, out, SHARDS, "--tokenizer", str(tok_path), "--runner", "dask",
+                                "--scheduler", address)
+        _first_marker(out, proc)
+        for p in (proc, *procs.values()):   # the driver and the whole cluster: nothing writes any more
+            p.kill()
+        proc.communicate(timeout=30)
+    done = {p.name[:-len(".done.json")] for p in out.glob("*.done.json")}
+    assert 1 <= len(done) < SHARDS
+    before = {name: (out / name).stat().st_mtime_ns for name in done}
+    # The rerun (on a local cluster) redoes exactly the shards without a marker.
+    assert run(corpus, out, "--tokenizer", str(tok_path), "--runner", "dask", shards=SHARDS) == 0, \
+        capsys.readouterr().err
+    assert f'"shards_tokenized": {SHARDS - len(done)}' in capsys.readouterr().out
+    assert {name: (out / name).stat().st_mtime_ns for name in done} == before
+    assert contents(out) == want

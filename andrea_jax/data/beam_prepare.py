@@ -105,8 +105,7 @@ def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
                 return dict(manifest, skipped=True)
     plan = {"out": str(out), "shards": args.shards, "units": units, "name": name, "source_key": source_key,
             "assignment": assign_shards(sizes, args.shards)}
-    for leftover in out.glob("*.tmp*"):  # half-written files of an interrupted run (their shards are redone)
-        leftover.unlink(missing_ok=True)
+    _remove_half_written(out)
     from andrea_jax.data import beam_pipeline
 
     with _scheduler(args) as address:
@@ -123,8 +122,17 @@ def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
                                                       beam_pipeline.shard_label(plan, tok_hash, s)) is not None
                           for s in range(args.shards))
         beam_pipeline.run(lambda p: beam_pipeline.shards_graph(p, plan, tok_hash, vocab_size), options)
+    _remove_half_written(out)
     manifest = token_shards.read_manifest(out)  # written by a worker: the driver reads it back
     return dict(manifest, shards_tokenized=args.shards - done_before)
+
+
+def _remove_half_written(out: pathlib.Path) -> None:
+    """Deletes the temporary files of workers that died while writing (their shards are, or will
+    be, written again): before a run, and after it, for a worker lost mid-run whose shard another
+    one redid."""
+    for leftover in out.glob("*.tmp*"):
+        leftover.unlink(missing_ok=True)
 
 
 def _scheduler(args):
