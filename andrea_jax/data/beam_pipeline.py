@@ -2,9 +2,9 @@
 two phases, each one pipeline on any runner (Direct, Dask, Flink, Spark, Dataflow):
 
 1. The tokenizer, only when none is given: every document of every unit gets its seeded sample key
-   (sampling.py), each unit keeps its --tokenizer-docs smallest, `CombineGlobally(TopCombineFn)`
-   keeps the smallest of those (the corpus's smallest are among each unit's), and one worker trains
-   the BPE on them and writes OUT/tokenizer.json.
+   (sampling.py), each unit keeps its --tokenizer-docs smallest, `TopCombineFn` keeps the smallest
+   of those, per group of units and then overall (the corpus's smallest are among each unit's), and
+   one worker trains the BPE on them and writes OUT/tokenizer.json.
 2. The shards: each of the K shards is tokenized by one worker, which loads OUT/tokenizer.json once
    per process (`TokenizeShard.setup`), and written with its index and marker; the markers, gathered
    into one list, make the manifest.
@@ -19,6 +19,7 @@ tokenizer; the manifest): `ends_in_one_sink` checks the last (tests/test_prepare
 from __future__ import annotations
 
 import heapq
+import math
 import pathlib
 from typing import Callable, Iterator, Sequence
 
@@ -49,10 +50,17 @@ def sample_key(entry: tuple) -> int:
     return entry[0]
 
 
-def unit_sample(indexed_unit: tuple, seed: int, n: int) -> list[tuple]:
-    """The unit's n documents of smallest key: its candidates for the corpus's sample (keys are
-    distinct, splitmix64 being a bijection, so the sample does not depend on how units are merged)."""
-    return heapq.nsmallest(n, keyed_documents(indexed_unit, seed), key=sample_key)
+def unit_sample(indexed_unit: tuple, seed: int, n: int, groups: int) -> Iterator[tuple]:
+    """(the unit's group, entry) of the unit's n documents of smallest key: its candidates for the
+    corpus's sample (keys are distinct, splitmix64 being a bijection, so the sample does not depend
+    on how the units' candidates are merged)."""
+    u = indexed_unit[0]
+    for entry in heapq.nsmallest(n, keyed_documents(indexed_unit, seed), key=sample_key):
+        yield u % groups, entry
+
+
+def group_sample(group_and_sample: tuple) -> list[tuple]:
+    return group_and_sample[1]
 
 
 def train_tokenizer(sample: list, vocab_size: int, out: str, corpus_name: str) -> str:
@@ -125,11 +133,19 @@ def write_manifest(markers: list, plan: dict, tok_hash: str, vocab_size: int) ->
 # The two graphs, and running one.
 
 def tokenizer_graph(p: beam.Pipeline, plan: dict, seed: int, n_docs: int, vocab_size: int):
-    """Phase 1: the sample and the tokenizer trained on it (nothing when the corpus is empty)."""
+    """Phase 1: the sample and the tokenizer trained on it (nothing when the corpus is empty). The
+    units' candidates are merged in two levels, about sqrt(units) groups of units and then the
+    groups' samples, so that no merge holds more than about sqrt(units) x n_docs documents: Dask
+    combines without Beam's combiner lifting (the DirectRunner's partial combines per bundle), so
+    one merge of every unit's candidates would hold units x n_docs."""
+    groups = max(1, math.isqrt(len(plan["units"])))
+    top = TopCombineFn(n_docs, key=sample_key, reverse=True)
     return (p | "Units" >> beam.Create(list(enumerate(plan["units"])))
             | "SpreadUnits" >> beam.Reshuffle()
-            | "SampleUnits" >> beam.FlatMap(unit_sample, seed, n_docs)
-            | "Sample" >> beam.CombineGlobally(TopCombineFn(n_docs, key=sample_key, reverse=True)).without_defaults()
+            | "SampleUnits" >> beam.FlatMap(unit_sample, seed, n_docs, groups)
+            | "SampleGroups" >> beam.CombinePerKey(top)
+            | "GroupSamples" >> beam.FlatMap(group_sample)
+            | "Sample" >> beam.CombineGlobally(top).without_defaults()
             | "TrainTokenizer" >> beam.Map(train_tokenizer, vocab_size, plan["out"], plan["name"]))
 
 
