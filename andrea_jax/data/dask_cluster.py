@@ -22,6 +22,8 @@ def scheduler(address: str | None, workers: int, timeout_s: float = 30.0) -> Ite
         import distributed
     except ImportError:
         raise DataError("--runner dask needs Dask: pip install -e '.[dask]'") from None
+    # Set after the import, which configures it: the scheduler of a local cluster logs every step at INFO.
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     if address is None:
         with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                       dashboard_address=":0", silence_logs=logging.ERROR) as cluster:
