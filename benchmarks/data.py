@@ -15,12 +15,14 @@
    with 1 and then 2 workers, each worker one core (RAYON_NUM_THREADS=1). Reports wall time, the
    tokens/s per busy worker (tokens over the summed tokenizing seconds of the shards), the tokens
    per CPU-second of the workers (the rate of a worker with a core to itself), and how many worker
-   processes tokenized shards and how many shards were tokenized at the same time.
+   processes tokenized shards and how many shards were tokenized at the same time. With
+   --prepare-runner dask: the same on a local Dask cluster of 1 and 2 worker processes.
 
     python benchmarks/data.py                      # loader + pretokenization, synthetic 64M tokens
     python benchmarks/data.py --doc-tokens 50      # short documents: many records per window
     python benchmarks/data.py --tokens DIR         # a prepared token dataset (prepare.py --out DIR)
     python benchmarks/data.py --prepare            # + the Beam preparation, 1 and 2 workers
+    python benchmarks/data.py --only-prepare --prepare-runner dask   # the preparation on Dask
 """
 from __future__ import annotations
 
@@ -84,7 +86,8 @@ def measure_pretokenize(tok, copies: int) -> tuple[float, float]:
     return sum(len(d.encode()) for d in docs) / seconds, len(ids) / seconds
 
 
-def measure_prepare(tok_path: pathlib.Path, folder: pathlib.Path, megabytes: int, workers: int, shards: int) -> dict:
+def measure_prepare(tok_path: pathlib.Path, folder: pathlib.Path, megabytes: int, workers: int, shards: int,
+                    runner: str = "direct") -> dict:
     from andrea_jax.data import beam_prepare as prepare
 
     corpus = folder / "corpus"
@@ -95,9 +98,9 @@ def measure_prepare(tok_path: pathlib.Path, folder: pathlib.Path, megabytes: int
         copies = max(1, round(megabytes * 2**20 / len(lines.encode()) / (2 * shards)))
         for f in range(2 * shards):
             (corpus / f"part{f:03d}.jsonl").write_text(lines * copies)
-    out = folder / f"out{workers}"
+    out = folder / f"out_{runner}{workers}"
     argv = ["--source", "hf-jsonl", "--path", str(corpus), "--out", str(out), "--tokenizer", str(tok_path),
-            "--workers", str(workers), "--shards", str(shards)]
+            "--workers", str(workers), "--shards", str(shards), "--runner", runner]
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         assert prepare.main(argv) == 0
@@ -111,7 +114,7 @@ def measure_prepare(tok_path: pathlib.Path, folder: pathlib.Path, megabytes: int
     concurrent = max(np.cumsum([e for _, e in events]))
     text_mb = sum(p.stat().st_size for p in corpus.iterdir()) / 2**20
     disk_mb = sum(p.stat().st_size for p in out.iterdir()) / 2**20
-    return {"workers": workers, "shards": shards, "text_mb": text_mb, "tokens": manifest["tokens"],
+    return {"runner": runner, "workers": workers, "shards": shards, "text_mb": text_mb, "tokens": manifest["tokens"],
             "wall_s": wall, "tokens_per_s": manifest["tokens"] / wall,
             "tokens_per_s_per_worker": manifest["tokens"] / busy, "tokens_per_cpu_s": manifest["tokens"] / cpu,
             "worker_pids": len({m["pid"] for m in made}), "max_concurrent_shards": int(concurrent), "disk_mb": disk_mb}
@@ -130,6 +133,8 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true", help="also time the Beam preparation, 1 and 2 workers")
     parser.add_argument("--prepare-mb", type=int, default=32, help="MB of text the preparation reads")
     parser.add_argument("--prepare-shards", type=int, default=8)
+    parser.add_argument("--prepare-runner", choices=("direct", "dask"), default="direct",
+                        help="the preparation's runner: direct, or a local Dask cluster of 1 and 2 workers")
     parser.add_argument("--only-prepare", action="store_true", help="skip the loader and pretokenization")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,10 +170,10 @@ def main() -> None:
             tok_path = tmp / "tokenizer.json"
             tok.save(str(tok_path))
             os.environ["RAYON_NUM_THREADS"] = "1"   # one core per Beam worker process
-            results = [measure_prepare(tok_path, tmp / "prepare", args.prepare_mb, w, args.prepare_shards)
-                       for w in (1, 2)]
+            results = [measure_prepare(tok_path, tmp / "prepare", args.prepare_mb, w, args.prepare_shards,
+                                       args.prepare_runner) for w in (1, 2)]
             for r in results:
-                print(f"prepare (Beam DirectRunner, {r['workers']} worker(s), {r['shards']} shards): "
+                print(f"prepare (Beam {r['runner']} runner, {r['workers']} worker(s), {r['shards']} shards): "
                       f"{r['text_mb']:.0f} MB of text -> {r['tokens'] / 1e6:.1f} M tokens ({r['disk_mb']:.0f} MB) in "
                       f"{r['wall_s']:.1f} s: {r['tokens_per_s'] / 1e6:.2f} M tokens/s wall, "
                       f"{r['tokens_per_s_per_worker'] / 1e6:.2f} M tokens/s per busy worker, "

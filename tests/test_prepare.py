@@ -13,7 +13,7 @@ import tensorflow_datasets as tfds
 
 import train as train_cli
 from andrea_jax import config as config_lib
-from andrea_jax.data import pipeline, beam_prepare as prepare, tokenize, sampling, token_shards, tokenizer as tok_lib
+from andrea_jax.data import pipeline, beam_prepare as prepare, corpus_units, tokenize, sampling, token_shards, tokenizer as tok_lib
 from andrea_jax.errors import DataError
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
@@ -206,23 +206,23 @@ def test_published_corpus_files_json_gz_and_parquet(tmp_path):
     with gzip.open(tmp_path / "c4-train.00000-of-01024.json.gz", "wt") as f:
         f.writelines(json.dumps({"text": d, "url": "u", "timestamp": "t"}) + "\n" for d in docs[:20])
     pq.write_table(pa.table({"text": docs[20:], "id": list(range(10))}), tmp_path / "000_00000.parquet")
-    files = prepare._hf_files(str(tmp_path))
+    files = corpus_units._hf_files(str(tmp_path))
     assert [p.name for p in files] == ["000_00000.parquet", "c4-train.00000-of-01024.json.gz"]
-    assert [d for p in files for d in prepare.unit_documents(("hf-jsonl", str(p)))] == docs[20:] + docs[:20]
+    assert [d for p in files for d in corpus_units.unit_documents(("hf-jsonl", str(p)))] == docs[20:] + docs[:20]
 
     (tmp_path / "cut.json.gz").write_bytes(gzip.compress(b'{"text": "a"}\n' * 100)[:40])
     with pytest.raises(DataError, match=rf"{tmp_path}/cut.json.gz: unreadable \(EOFError"):
-        list(prepare.unit_documents(("hf-jsonl", str(tmp_path / "cut.json.gz"))))
+        list(corpus_units.unit_documents(("hf-jsonl", str(tmp_path / "cut.json.gz"))))
     pq.write_table(pa.table({"content": ["x"]}), tmp_path / "other.parquet")
     with pytest.raises(DataError, match=rf"{tmp_path}/other.parquet: no 'text' column \(it has: content\)"):
-        list(prepare.unit_documents(("hf-jsonl", str(tmp_path / "other.parquet"))))
+        list(corpus_units.unit_documents(("hf-jsonl", str(tmp_path / "other.parquet"))))
 
 
 def test_units_are_cut_into_contiguous_shards_of_about_equal_size():
-    assert prepare.assign_shards([10] * 6, 3) == [[0, 1], [2, 3], [4, 5]]
-    assert prepare.assign_shards([1, 1, 1, 100], 2) == [[0, 1, 2], [3]]
-    assert prepare.assign_shards([100, 1, 1, 1], 2) == [[0], [1, 2, 3]]
-    assert prepare.assign_shards([10, 10], 3) == [[0], [], [1]]   # fewer units than shards: one stays empty
+    assert corpus_units.assign_shards([10] * 6, 3) == [[0, 1], [2, 3], [4, 5]]
+    assert corpus_units.assign_shards([1, 1, 1, 100], 2) == [[0, 1, 2], [3]]
+    assert corpus_units.assign_shards([100, 1, 1, 1], 2) == [[0], [1, 2, 3]]
+    assert corpus_units.assign_shards([10, 10], 3) == [[0], [], [1]]   # fewer units than shards: one stays empty
 
 
 class AndreaPrepareDocs(tfds.core.GeneratorBasedBuilder):

@@ -1,0 +1,141 @@
+"""The input of `python -m andrea_jax.data.prepare`: a corpus cut into units (a file; a range of TFDS
+records), in corpus order, and the units into K shards of about equal size. The driver plans
+(`plan_units`, `assign_shards`); the workers read a unit's documents (`unit_documents`).
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import pathlib
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from andrea_jax.data import documents, sampling, tokenize
+from andrea_jax.errors import DataError
+
+HF_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
+
+def _hf_files(pattern: str) -> list[pathlib.Path]:
+    """The sorted JSON-lines (optionally gzipped) and parquet files named by a file, folder or glob."""
+    import glob
+
+    path = pathlib.Path(pattern).expanduser()
+    if any(c in pattern for c in "*?["):
+        files = sorted(pathlib.Path(p) for p in glob.glob(str(path), recursive=True) if os.path.isfile(p))
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(HF_SUFFIXES))
+    elif path.is_file():
+        files = [path]
+    else:
+        raise DataError(f"--path {pattern!r}: no such file or folder")
+    if not files:
+        raise DataError(f"--path {pattern!r} names no {', '.join(HF_SUFFIXES)} files")
+    for p in files:
+        if not p.name.endswith(HF_SUFFIXES):
+            raise DataError(f"{p}: not one of {', '.join(HF_SUFFIXES)}")
+    return [p.resolve() for p in files]
+
+
+def _hf_documents(path: pathlib.Path) -> Iterator[str]:
+    """The non-blank `text` fields of a JSON-lines (.gz) or parquet file (C4, FineWeb, ...)."""
+    if path.name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.ParquetFile(path)
+            if "text" not in table.schema_arrow.names:
+                raise DataError(f"{path}: no 'text' column (it has: {', '.join(table.schema_arrow.names)})")
+            for batch in table.iter_batches(columns=["text"], batch_size=4096):
+                for text in batch.column(0).to_pylist():
+                    if text and text.strip():
+                        yield text
+        except DataError:
+            raise
+        except Exception as e:  # pyarrow's errors: a truncated or non-parquet file
+            raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        return
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                line, _ = documents.decode(raw)
+                if line.strip():
+                    text = documents._jsonl_text(path, lineno, line)
+                    if text.strip():
+                        yield text
+    except (OSError, EOFError) as e:  # gzip: a truncated download or not gzip at all
+        raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+
+
+_TFDS_SOURCES: dict = {}
+
+
+def _tfds_records(name: str, split: str, data_dir: str | None):
+    """The split's records: of a registered dataset, or of any prepared one in data_dir (read by its
+    dataset_info.json alone, so that workers need not import the code that registered it)."""
+    key = (name, split, data_dir)
+    if key not in _TFDS_SOURCES:
+        from andrea_jax.data import sources
+
+        try:
+            _TFDS_SOURCES[key] = sources.open_tfds(name, split, "", data_dir, download=False).train
+        except DataError:
+            infos = sorted(pathlib.Path(data_dir, name).glob("**/dataset_info.json")) if data_dir else []
+            if not infos:
+                raise
+            import tensorflow_datasets as tfds
+
+            _TFDS_SOURCES[key] = tfds.builder_from_directory(str(infos[-1].parent)).as_data_source(split=split)
+    return _TFDS_SOURCES[key]
+
+
+def unit_documents(unit: tuple) -> Iterator[str]:
+    """The documents of one unit, in order: ("files", path), ("hf-jsonl", path), ("tfds", name, split,
+    data_dir, lo, hi)."""
+    kind = unit[0]
+    if kind == "files":
+        return documents.read_documents(pathlib.Path(unit[1]))
+    if kind == "hf-jsonl":
+        return _hf_documents(pathlib.Path(unit[1]))
+    _, name, split, data_dir, lo, hi = unit
+    records = _tfds_records(name, split, data_dir)
+    return tokenize.iter_texts(sampling._Subset(records, range(lo, hi)))
+
+
+def plan_units(args) -> tuple[list[tuple], list[int], str, str]:
+    """(units, their sizes, a key of the input's identity, a name for messages)."""
+    if args.source in ("files", "hf-jsonl"):
+        if not args.path:
+            raise DataError(f"--source {args.source} needs --path (a folder, file or glob)")
+        try:
+            files = documents.find_files(args.path) if args.source == "files" else _hf_files(args.path)
+        except DataError as e:  # find_files speaks of the training config's key
+            raise DataError(str(e).replace("data.path", "--path")) from None
+        from andrea_jax.data.tfds_builder import files_key
+
+        name = str(files[0]) if len(files) == 1 else f"{args.path} ({len(files)} files)"
+        return [(args.source, str(p)) for p in files], [p.stat().st_size for p in files], \
+            f"{args.source}-{files_key(files)}", name
+    if not args.name:
+        raise DataError("--source tfds needs --name (a TFDS dataset prepared in array_record format)")
+    n = len(_tfds_records(args.name, args.split, args.data_dir))
+    pieces = max(args.shards * 4, 1)
+    bounds = [n * i // pieces for i in range(pieces + 1)]
+    units = [("tfds", args.name, args.split, args.data_dir, lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    return units, [hi - lo for *_, lo, hi in units], f"tfds-{args.name}-{args.split}-{n}".replace("/", "_"), \
+        f"tfds {args.name} {args.split}"
+
+
+def assign_shards(sizes: Sequence[int], k: int) -> list[list[int]]:
+    """Units (in order) cut into k contiguous groups of about equal total size: each cut at the unit
+    boundary nearest to its share of the total."""
+    cum = np.cumsum([0, *sizes], dtype=np.float64)
+    cuts = [0]
+    for target in cum[-1] * np.arange(1, k) / k:
+        j = int(np.searchsorted(cum, target))
+        j = j - 1 if j == len(cum) or (j > 0 and target - cum[j - 1] <= cum[j] - target) else j
+        cuts.append(max(cuts[-1], j))
+    cuts.append(len(sizes))
+    return [list(range(cuts[i], cuts[i + 1])) for i in range(k)]
+
