@@ -21,7 +21,6 @@ bad config or command. Each failure is one line on stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -30,6 +29,8 @@ import pathlib
 import re
 import sys
 import time
+
+from andrea_jax import native_stderr_silenced
 
 TARGETS = ("h100", "h200", "a100")
 GPUS_PER_HOST = 8
@@ -62,21 +63,6 @@ def target_memory(name: str) -> int:
 def target_kind(name: str) -> str:
     """The device_kind jax reports for the target (matched by mfu.peak_flops)."""
     return _field(target_config(name), "device_description_str")
-
-
-@contextlib.contextmanager
-def _native_stderr_silenced():
-    """Loading the CUDA plugin without a GPU makes its C++ side print that no driver is found (before
-    absl's logging starts, so no log level hides it): expected here, and noise around one-line errors."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def gpu_devices(target: str, n: int):
@@ -219,11 +205,11 @@ def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = T
     import jax
     import numpy as np
 
-    from andrea_jax import kernels
+    from andrea_jax.kernels import platform
     from andrea_jax.train import sharding, steps
 
-    previous = kernels.TARGET_BACKEND
-    kernels.TARGET_BACKEND = backend  # gpu: Pallas through Triton, cuDNN attention where it applies
+    previous = platform.TARGET_BACKEND
+    platform.TARGET_BACKEND = backend  # gpu: Pallas through Triton, cuDNN attention where it applies
     try:
         mesh = steps.make_mesh(cfg, devices)
         state = steps.abstract_state(cfg, mesh)
@@ -240,7 +226,7 @@ def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = T
             reports.append(_report("eval", steps.make_eval_step(cfg, mesh).lower(params, step, tokens, bytes_V)))
         return reports
     finally:
-        kernels.TARGET_BACKEND = previous
+        platform.TARGET_BACKEND = previous
 
 
 def mem_fraction() -> float:
@@ -293,7 +279,7 @@ def main(argv=None) -> int:
     # The plugin's CUDA version check needs a GPU's runtime; JAX skips it when cuda is not a
     # platform it is asked to run on, and still registers the plugin for its topology.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    with _native_stderr_silenced():
+    with native_stderr_silenced():  # the CUDA plugin's "no driver" lines, also where andrea_jax did not
         import jax
         jax.devices("cpu")  # discovers and loads the plugins
     from andrea_jax import config as config_lib

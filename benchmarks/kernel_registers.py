@@ -58,7 +58,7 @@ def compile_kernels(target: str, rows: int, tiling, dump_dir: str) -> None:
     import jax.numpy as jnp
 
     from andrea_jax import aot, kernels
-    from andrea_jax.kernels import pallas_ops
+    from andrea_jax.kernels import pallas_ops, platform
 
     D, F = 768, 3072
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
@@ -75,8 +75,8 @@ def compile_kernels(target: str, rows: int, tiling, dump_dir: str) -> None:
         "gelu": (lambda h, b: kernels.bias_gelu(h, b, impl="pallas"), (bf16(rows, F), f32(F))),
     }
     (device,) = aot.gpu_devices(target, 1)
-    previous = (kernels.TARGET_BACKEND, pallas_ops.GPU_TILING)
-    kernels.TARGET_BACKEND, pallas_ops.GPU_TILING = "gpu", tiling
+    previous = (platform.TARGET_BACKEND, pallas_ops.GPU_TILING)
+    platform.TARGET_BACKEND, pallas_ops.GPU_TILING = "gpu", tiling
     try:
         for name, (op, args) in cases.items():
             def fwd_bwd(*primals, op=op):
@@ -87,7 +87,7 @@ def compile_kernels(target: str, rows: int, tiling, dump_dir: str) -> None:
             args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args]
             jax.jit(fwd_bwd).lower(*args).compile()
     finally:
-        kernels.TARGET_BACKEND, pallas_ops.GPU_TILING = previous
+        platform.TARGET_BACKEND, pallas_ops.GPU_TILING = previous
 
 
 def measure(target: str, rows: int, tiling) -> dict[str, int]:
@@ -110,9 +110,10 @@ def main(argv=None):
     parser.add_argument("--sweep", action="store_true", help="also the backward at other tile sizes and warps")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import andrea_jax
     from andrea_jax import aot
-    with aot._native_stderr_silenced():
-        from andrea_jax.kernels import pallas_ops
+    with andrea_jax.native_stderr_silenced():
+        from andrea_jax.kernels import pallas_ops, platform
 
     shipped = pallas_ops.GPU_TILING
     tilings = [("shipped", shipped)]

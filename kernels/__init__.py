@@ -16,19 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from andrea_jax.kernels import reference
+from andrea_jax.kernels.platform import target_backend  # noqa: F401  (the model asks it too)
 from andrea_jax.errors import KernelUnavailableError  # noqa: F401  (callers catch it here)
 
 IMPLS = ("auto", "xla", "pallas", "triton")
 
-# The backend the program being traced is for: None = JAX's default backend. andrea_jax.aot sets
-# "gpu" to compile for a GPU that is not attached (the CUDA plugin's deviceless compile), so that
-# Pallas lowers through Triton, not interpret mode, and attention may pick cuDNN.
-TARGET_BACKEND: str | None = None
-
-
-def target_backend() -> str:
-    """'gpu', 'cpu', ...: the platform the traced program will run on."""
-    return TARGET_BACKEND or jax.default_backend()
 
 
 def resolve(impl: str) -> str:

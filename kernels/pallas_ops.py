@@ -22,6 +22,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from andrea_jax.kernels import platform
+
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
 
@@ -64,8 +66,7 @@ INTERPRET: bool | None = None
 def _interpret() -> bool:
     if INTERPRET is not None:
         return INTERPRET
-    from andrea_jax import kernels
-    return kernels.target_backend() != "gpu"
+    return platform.target_backend() != "gpu"
 
 
 def _params(num_warps: int, num_stages: int = 1):

@@ -25,7 +25,7 @@ except ImportError as err:  # the CPU image and CI have neither
         f"kernels impl='triton' needs the packages `triton` and `jax-triton` (pip install "
         f"jax-triton, with a CUDA build of jax); the import failed: {err}") from err  # err.name may be None
 
-from andrea_jax.kernels import pallas_ops
+from andrea_jax.kernels import pallas_ops, platform
 
 
 def _cuda12_ptxas() -> str | None:
@@ -54,11 +54,10 @@ pin_ptxas()
 
 
 def check_available() -> None:
-    from andrea_jax import kernels
-    if kernels.target_backend() != "gpu":
+    if platform.target_backend() != "gpu":
         raise KernelUnavailableError(
             f"kernels impl='triton' runs only on a CUDA GPU, and this JAX backend is "
-            f"{kernels.target_backend()!r}; use impl='pallas' (interpret mode) or 'xla' here")
+            f"{platform.target_backend()!r}; use impl='pallas' (interpret mode) or 'xla' here")
 
 
 # jax-triton passes the arrays and scalars of *args first, then one pointer per output: every

@@ -13,9 +13,8 @@ _XLA_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f
               "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 << 30)}
 for _key, _value in _XLA_CACHE.items():
     os.environ.setdefault(_key, _value)
-# The suite runs on the CPU. With the CUDA plugin installed (the gpu-compile extra, which the test
-# extra holds for andrea_jax.aot) and no GPU, JAX would try CUDA first in every process and print
-# the plugin's failed version check; aot compiles for a GPU through the plugin's topology anyway.
+# The suite runs on the CPU, in every process it starts (the CUDA plugin of the test extra's
+# gpu-compile packages serves andrea_jax.aot's deviceless compiles, not computation).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
