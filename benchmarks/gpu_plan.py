@@ -71,7 +71,7 @@ def main(argv=None):
     for overrides in sorted(variants(crosses), key=order_key):
         cfg = config_lib.validate(config_lib.override(base, overrides))
         (report,) = aot.compile_steps(cfg, devices, eval_step=False, count_flops=False)
-        entry = {"overrides": overrides, "peak_gib": round(report.peak_bytes / 2**30, 2),
+        entry = {"overrides": overrides, "peak_gib": round(report.peak_bytes / 2**30, 2), "peak_bytes": report.peak_bytes,
                  "fits": report.peak_bytes <= usable, "compile_s": round(report.compile_s, 1),
                  "est_s": round(report.compile_s + (2 + args.steps) * step_s, 1)}
         planned.append(entry)

@@ -57,6 +57,35 @@ def test_gpu_all_smoke_writes_every_phase_to_jsonl(tmp_path):
     assert "tokens/s, MFU n/a" in proc.stdout and "peak memory" in proc.stdout
 
 
+def test_gpu_plan_orders_variants_by_the_aot_compile_and_train_step_follows_it(tmp_path):
+    """gpu_plan.py compiles each variant for an H200 here (andrea_jax.aot), keeps the pairs that
+    decide the auto defaults adjacent, least recomputation first; train_step.py --plan runs them in
+    that order and records a variant that does not fit as skipped, naming the aot peak."""
+    pytest.importorskip("jax_plugins.xla_cuda12", reason="needs the gpu-compile extra")
+    plan_path = tmp_path / "plan.json"
+    toy = ["--set", "model.n_layer=2", "--set", "model.seq_len=32", "--set", "model.d_model=32",
+           "--set", "model.vocab_size=512"]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_plan.py"), "--config", "tiny", "--batch", "4",
+                           *toy, "--cross", "model.remat=full,none", "--cross", "kernels.impl=pallas,xla",
+                           "--out", str(plan_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(plan_path.read_text())
+    order = [v["overrides"] for v in plan["variants"]]
+    assert order == [[f"model.remat={r}", f"kernels.impl={k}"] for r in ("none", "full") for k in ("xla", "pallas")]
+    assert all(v["fits"] and 0 < v["peak_bytes"] < plan["usable_gib"] * 2**30 and v["compile_s"] > 0
+               for v in plan["variants"]), plan
+    plan["variants"][1]["fits"] = False  # as if remat=none with the Pallas kernels did not fit
+    plan_path.write_text(json.dumps(plan))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_step.py"), "--config", "tiny",
+                           "--batch", "4", "--steps", "1", *toy, "--plan", str(plan_path)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    assert [r["overrides"] for r in records] == order
+    assert "does not fit" in records[1]["skipped"] and f"peak {plan['variants'][1]['peak_gib']} GiB" in records[1]["skipped"]
+    assert all(r["tokens_per_s"] > 0 for i, r in enumerate(records) if i != 1)
+
+
 def test_flops_per_token_by_hand():
     # andrea_120m: D 768, L 12, F 3072, V 8449, T 1024.
     # Per block 4 D^2 + 2 D F = 2,359,296 + 4,718,592 = 7,077,888 matmul weights; x 12 = 84,934,656;
