@@ -60,6 +60,13 @@ def target_memory(name: str) -> int:
     return int(_field(target_config(name), "device_memory_size"))
 
 
+def target_compute_capability(name: str) -> int:
+    """major * 10 + minor of the target (90 for Hopper), as triton counts it."""
+    text = target_config(name).split("cuda_compute_capability", 1)[1]
+    major, minor = (re.search(rf"\b{f}:\s*(\d+)", text) for f in ("major", "minor"))
+    return int(major.group(1)) * 10 + (int(minor.group(1)) if minor else 0)
+
+
 def target_kind(name: str) -> str:
     """The device_kind jax reports for the target (matched by mfu.peak_flops)."""
     return _field(target_config(name), "device_description_str")
@@ -200,7 +207,7 @@ def xla_flops(cfg, mesh, state, tokens) -> float | None:
 
 
 def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = True,
-                  backend: str = "gpu") -> list[StepReport]:
+                  backend: str = "gpu", compute_capability: int | None = None) -> list[StepReport]:
     """The train step (and the eval step) of cfg, compiled for `devices` (of `backend`), with abstract inputs."""
     import jax
     import numpy as np
@@ -210,6 +217,9 @@ def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = T
 
     previous = platform.TARGET_BACKEND
     platform.TARGET_BACKEND = backend  # gpu: Pallas through Triton, cuDNN attention where it applies
+    if compute_capability is not None and cfg.kernels.impl == "triton":
+        from andrea_jax.kernels import triton_ops  # jax-triton compiles its kernels for this GPU
+        triton_ops.COMPUTE_CAPABILITY = compute_capability
     try:
         mesh = steps.make_mesh(cfg, devices)
         state = steps.abstract_state(cfg, mesh)
@@ -300,7 +310,8 @@ def main(argv=None) -> int:
         print(f"error: no {args.target} topology: {' '.join(str(e).split())}{hint}", file=sys.stderr)
         return 1 if not isinstance(e, ValueError) else 2
     try:
-        reports = compile_steps(cfg, devices, eval_step=not args.no_eval)
+        reports = compile_steps(cfg, devices, eval_step=not args.no_eval,
+                                compute_capability=target_compute_capability(args.target))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -78,3 +78,13 @@ def test_target_descriptions_ship_with_the_package():
     assert aot.target_kind("h200") == "NVIDIA H200"
     with pytest.raises(ValueError, match="unknown target"):
         aot.target_config("v100")
+
+
+def test_jax_triton_kernels_compile_for_the_target_without_a_gpu():
+    pytest.importorskip("jax_triton", reason="jax-triton is in the test extra")
+    proc = run_aot("--target", "h100", "--config", "tiny", "--set", "kernels.impl=triton",
+                   "--set", "model.dtype=bfloat16", "--no-eval")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kernels = proc.stdout.splitlines()[2]
+    # LayerNorm, residual LayerNorm and bias+GELU forward, and their backwards, by jax-triton
+    assert re.search(r"jax_triton [1-9]\d*", kernels) and "pallas_triton 0" in kernels, kernels
