@@ -41,7 +41,7 @@ if _cuda_plugin_without_driver():
     # its CUDA version check, which would fail and leave it unregistered (aot needs it registered).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     with native_stderr_silenced():
-        import jax
+        import jax  # noqa: F401  (the import is what prints)
         from jax._src import xla_bridge
 
         # registration only: no backend is created (jax.distributed.initialize may still follow)

@@ -111,9 +111,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import andrea_jax
-    from andrea_jax import aot
     with andrea_jax.native_stderr_silenced():
-        from andrea_jax.kernels import pallas_ops, platform
+        from andrea_jax.kernels import pallas_ops
 
     shipped = pallas_ops.GPU_TILING
     tilings = [("shipped", shipped)]

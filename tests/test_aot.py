@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from andrea_jax import aot
+from andrea_jax import aot, hlo_stats
 
 pytest.importorskip("jax_plugins.xla_cuda12", reason="needs the gpu-compile extra (the CUDA PJRT plugin)")
 
@@ -30,7 +30,7 @@ def test_andrea_120m_compiles_for_h200_with_pallas_kernels_and_cudnn_attention(t
     out = proc.stdout
     # the Pallas kernels went through Triton: 3 forward kernels and their backwards in the train step
     hlo = (tmp_path / "train.hlo").read_text()
-    assert aot.kernel_counts(hlo)["pallas_triton"] >= 6, out
+    assert hlo_stats.kernel_counts(hlo)["pallas_triton"] >= 6, out
     # cuDNN flash attention, forward and backward, in the train step
     fmha = set(re.findall(r'custom_call_target="(__cudnn\$fmha[A-Za-z]*)"', hlo))
     assert any("Backward" in t for t in fmha) and any("Backward" not in t for t in fmha), fmha
@@ -43,8 +43,8 @@ def test_andrea_120m_compiles_for_h200_with_pallas_kernels_and_cudnn_attention(t
     assert gib_of(out, "arguments") >= 3 * 4 * n_params / 2**30 - 0.01
     # the float32 stream's LayerNorms write bf16 for their matmuls themselves (before: 6 convert-only
     # kernels), and the logits backward runs bf16 x bf16 -> f32 (before: 2 f32 x f32 matmuls)
-    assert aot.convert_fusions(hlo) == 0, out
-    matmuls = aot.matmul_dtypes(hlo)
+    assert hlo_stats.convert_fusions(hlo) == 0, out
+    matmuls = hlo_stats.matmul_dtypes(hlo)
     assert not any(k.startswith("f32 x f32") for k in matmuls) and matmuls.get("bf16 x bf16 -> f32", 0) >= 2, matmuls
 
 

@@ -187,3 +187,15 @@ def test_data_benchmark_runs_the_loader_pretokenization_and_beam_at_toy_size():
     # the same corpus gives the same tokens whatever the worker count
     assert one["tokens"] == two["tokens"] > 0 and one["text_mb"] == two["text_mb"]
     assert all(r["wall_s"] > 0 and r["tokens_per_s"] > 0 for r in (one, two))
+
+
+def test_occupancy_from_registers_by_hand():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import kernel_registers as k
+
+    # 166 registers -> 168 a thread, 5376 a warp, 12 warps an SM: 3 CTAs of 4 warps
+    assert k.ctas_per_sm(166, 4) == 3
+    assert k.ctas_per_sm(64, 4) == 8          # 2048 a warp: 32 warps, 8 CTAs
+    assert k.ctas_per_sm(80, 4) == 6          # 2560 a warp: 25 warps, 6 CTAs
+    assert k.ctas_per_sm(16, 1) == 32         # the CTA limit, not registers
+    assert k.ctas_per_sm(32, 32) == 2         # the warp limit (64)
