@@ -26,12 +26,12 @@ export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${ANDREA_CACHE:-$
 
 if [ "${1:-}" = "--smoke" ]; then
   export JAX_PLATFORMS=cpu
-  kernel_args=(--allow-cpu --rows 64 --dtypes float32,mixed --chain 1 --repeats 1 --budget-s 30)
+  kernel_args=(--allow-cpu --rows 64 --dtypes float32,mixed --chain 1 --repeats 1 --budget-s 60)
   model=(--config tiny --set model.n_layer=2 --set model.seq_len=32 --set model.d_model=32 --set model.vocab_size=512)
   step_args=(--batch 4 --steps 2 --cross model.remat=none,dots,full --cross model.attention=cudnn
              --cross kernels.impl=xla)
   micro_args=(--batch 8 --steps 1 --set train.microbatches=2)
-  t_kernels=120; t_step=180; t_micro=120; budget=150
+  t_kernels=150; t_step=180; t_micro=120; budget=150
 else
   export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"  # "fills the chip"
   kernel_args=(--rows 32768,65536 --dtypes bfloat16,mixed,float32 --budget-s 70)
