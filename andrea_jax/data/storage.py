@@ -80,3 +80,32 @@ def refresh(p) -> None:
         from etils.epath import backend
 
         backend.fsspec_backend.fs(os.fspath(p)).invalidate_cache()
+
+
+def stamp(p) -> tuple[int, int]:
+    """(size, modification time in ns) of a file or object: what says that it changed."""
+    st = p.stat()
+    if is_remote(p):
+        return st.length, int(st.mtime) * 10**9
+    return st.st_size, st.st_mtime_ns
+
+
+def find(pattern: str, suffixes: tuple[str, ...]) -> list:
+    """The sorted objects named by a gs:// URL: those a glob matches, the object itself, or those
+    ending in `suffixes` under it read as a folder (a prefix); [] when it names nothing."""
+    from etils import epath
+    from etils.epath import backend
+
+    fs = backend.fsspec_backend.fs(pattern)
+    if any(c in pattern for c in "*?["):
+        names = [n for n in fs.glob(pattern) if fs.isfile(n)]
+    elif fs.isfile(pattern):
+        names = [pattern]
+    else:
+        names = [n for n in fs.find(pattern) if n.endswith(suffixes)]
+    return sorted(epath.Path("gs://" + n.removeprefix("gs://")) for n in names)
+
+
+def open_binary(p):
+    """A local path as it is (the readers open it), an object as an open binary file."""
+    return p.open("rb") if is_remote(p) else p
