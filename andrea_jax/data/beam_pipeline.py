@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import heapq
 import math
-import pathlib
 from typing import Callable, Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.combiners import ToListCombineFn, TopCombineFn
 
-from andrea_jax.data import corpus_units, sampling, shard_writer, token_shards, tokenize, tokenizer as tokenizer_lib
+from tokenizers import Tokenizer
+
+from andrea_jax.data import corpus_units, sampling, shard_writer, storage, token_shards, tokenize, tokenizer as tokenizer_lib
 from andrea_jax.errors import DataError
 
 TOKENIZER = "tokenizer.json"
@@ -70,7 +71,7 @@ def train_tokenizer(sample: list, vocab_size: int, out: str, corpus_name: str) -
         tok = tokenizer_lib.train(texts, vocab_size)
     except ValueError as e:
         raise DataError(f"corpus {corpus_name}: {e}") from None
-    shard_writer.atomic_write_bytes(pathlib.Path(out) / TOKENIZER, tok.to_str().encode())
+    shard_writer.atomic_write_bytes(storage.path(out) / TOKENIZER, tok.to_str().encode())
     return tokenize.tokenizer_hash(tok)
 
 
@@ -79,15 +80,15 @@ _TOKENIZERS: dict = {}
 
 def load_tokenizer(out: str, tok_hash: str):
     """OUT/tokenizer.json, once per process, refused unless it is the tokenizer `tok_hash`."""
-    path = pathlib.Path(out) / TOKENIZER
-    if (path, tok_hash) not in _TOKENIZERS:
-        tok = tokenizer_lib.load(path)
+    path = storage.path(out) / TOKENIZER
+    if (str(path), tok_hash) not in _TOKENIZERS:
+        tok = Tokenizer.from_str(path.read_text())   # a file or a gs:// object
         if tokenize.tokenizer_hash(tok) != tok_hash:
             raise DataError(f"{path} is tokenizer {tokenize.tokenizer_hash(tok)}, not {tok_hash} that this run "
                             f"started with: another run writes to the same --out")
         _TOKENIZERS.clear()
-        _TOKENIZERS[(path, tok_hash)] = tok
-    return _TOKENIZERS[(path, tok_hash)]
+        _TOKENIZERS[(str(path), tok_hash)] = tok
+    return _TOKENIZERS[(str(path), tok_hash)]
 
 
 def shard_label(plan: dict, tok_hash: str, shard: int) -> dict:
@@ -97,7 +98,7 @@ def shard_label(plan: dict, tok_hash: str, shard: int) -> dict:
 
 def write_shard(shard: int, tok, tok_hash: str, plan: dict) -> dict:
     """Tokenizes shard `shard`'s units into its files, unless a valid marker says it is done."""
-    out, count = pathlib.Path(plan["out"]), plan["shards"]
+    out, count = storage.path(plan["out"]), plan["shards"]
     name = token_shards.shard_file(shard, count)
     label = shard_label(plan, tok_hash, shard)
     done = shard_writer.complete_shard(out, name, label)

@@ -7,6 +7,10 @@ with N worker processes or on a local Dask cluster; the same pipelines run on a 
     python -m andrea_jax.data.prepare --source hf-jsonl --path 'c4/en/c4-train.*.json.gz' --out data/c4
     python -m andrea_jax.data.prepare --source tfds --name lm1b --data-dir /data/tfds --out data/lm1b
     python -m andrea_jax.data.prepare --source files --path corpus/ --out data/mine --runner dask --scheduler tcp://HOST:8786
+    python -m andrea_jax.data.prepare --source hf-jsonl --path 'gs://B/c4/*.json.gz' --out gs://B/prepared/c4
+
+--path and --out may be gs://BUCKET/PATH (the `gcs` extra; storage.py): a shard is written locally
+and uploaded, each marker and the manifest is one upload.
 
 The input is cut into units (a file; a range of TFDS records) and the units, in corpus order, into K
 shards of about equal size (corpus_units.py). Each shard is tokenized by one worker, in document
@@ -22,8 +26,8 @@ OUT/tokenizer.json, which the tokenizing pipeline's workers read. Its hash is in
 marker, in the manifest and is the TFDS config name: a shard or a dataset made by another tokenizer
 is never reused or read.
 
-Idempotent: each shard's marker is written after its files, the manifest after all markers, each by
-an atomic rename. A rerun on a complete output does nothing; after an interruption it redoes only
+Idempotent: each shard's marker is written after its files, the manifest after all markers, each
+whole (an atomic rename; an object's single upload). A rerun on a complete output does nothing; after an interruption it redoes only
 the shards without a valid marker.
 """
 from __future__ import annotations
@@ -39,7 +43,7 @@ import sys
 import time
 from typing import Sequence
 
-from andrea_jax.data import shard_writer, tokenize, token_shards, tokenizer as tokenizer_lib
+from andrea_jax.data import shard_writer, storage, tokenize, token_shards, tokenizer as tokenizer_lib
 from andrea_jax.data.corpus_units import assign_shards, plan_units
 from andrea_jax.errors import DataError
 
@@ -58,7 +62,13 @@ def _tokenizer_hash(text: str) -> str:
     return tokenize.tokenizer_hash(Tokenizer.from_str(text))
 
 
-def _existing_tokenizer(out: pathlib.Path, given: str | None):
+def _tokenizer_vocab_size(text: str) -> int:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(text).get_vocab_size()
+
+
+def _existing_tokenizer(out, given: str | None):
     """The tokenizer JSON to use: --tokenizer, or one an earlier run trained into OUT; refuses a
     --tokenizer that differs from the one OUT was prepared with."""
     saved = out / TOKENIZER
@@ -68,7 +78,7 @@ def _existing_tokenizer(out: pathlib.Path, given: str | None):
         text = tokenizer_lib.load(given).to_str()
         if saved.is_file() and saved.read_text() != text:
             raise DataError(f"--tokenizer {given} (hash {tokenize.tokenizer_hash(tokenizer_lib.load(given))}) "
-                            f"is not the tokenizer {saved} (hash {tokenize.tokenizer_hash(tokenizer_lib.load(saved))}) "
+                            f"is not the tokenizer {saved} (hash {_tokenizer_hash(saved.read_text())}) "
                             f"that {out} was prepared with: use another --out or delete {out}")
         if not saved.is_file():
             shard_writer.atomic_write_bytes(saved, text.encode())
@@ -78,9 +88,11 @@ def _existing_tokenizer(out: pathlib.Path, given: str | None):
 
 def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
     """Runs (or skips, when complete) the preparation; returns the manifest."""
-    out = pathlib.Path(args.out).expanduser().resolve()
+    out = storage.path(args.out, "--out")
+    out = out if storage.is_remote(out) else out.expanduser().resolve()
     units, sizes, source_key, name = plan_units(args)
-    out.mkdir(parents=True, exist_ok=True)
+    if not storage.is_remote(out):   # a bucket has no folders: its objects make their own
+        out.mkdir(parents=True, exist_ok=True)
     tok_json = _existing_tokenizer(out, args.tokenizer)
     manifest_path = out / token_shards.MANIFEST
     if manifest_path.is_file() and not token_shards.is_current(out):
@@ -113,24 +125,28 @@ def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
         if tok_json is None:   # phase 1: the tokenizer, saved where phase 2's workers read it
             beam_pipeline.run(lambda p: beam_pipeline.tokenizer_graph(
                 p, plan, args.seed, args.tokenizer_docs, args.vocab_size), options)
+            storage.refresh(out)
             if not (out / TOKENIZER).is_file():   # no document: no sample, no tokenizer
                 raise DataError(f"corpus {name} is empty")
             tok_json = (out / TOKENIZER).read_text()
         tok_hash = _tokenizer_hash(tok_json)
-        vocab_size = tokenizer_lib.load(out / TOKENIZER).get_vocab_size()
+        vocab_size = _tokenizer_vocab_size(tok_json)
         done_before = sum(shard_writer.complete_shard(out, token_shards.shard_file(s, args.shards),
                                                       beam_pipeline.shard_label(plan, tok_hash, s)) is not None
                           for s in range(args.shards))
         beam_pipeline.run(lambda p: beam_pipeline.shards_graph(p, plan, tok_hash, vocab_size), options)
+    storage.refresh(out)
     _remove_half_written(out)
     manifest = token_shards.read_manifest(out)  # written by a worker: the driver reads it back
     return dict(manifest, shards_tokenized=args.shards - done_before)
 
 
-def _remove_half_written(out: pathlib.Path) -> None:
+def _remove_half_written(out) -> None:
     """Deletes the temporary files of workers that died while writing (their shards are, or will
     be, written again): before a run, and after it, for a worker lost mid-run whose shard another
-    one redid."""
+    one redid. A bucket has none: its objects are uploaded whole."""
+    if storage.is_remote(out):
+        return
     for leftover in out.glob("*.tmp*"):
         leftover.unlink(missing_ok=True)
 
@@ -155,11 +171,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m andrea_jax.data.prepare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", choices=SOURCES, required=True)
-    p.add_argument("--path", help="files, hf-jsonl: a folder, file or glob")
+    p.add_argument("--path", help="files, hf-jsonl: a folder, file or glob (local or gs://)")
     p.add_argument("--name", help="tfds: a registered dataset prepared in array_record format, e.g. c4/en")
     p.add_argument("--split", default="train", help="tfds: the split (default train)")
     p.add_argument("--data-dir", help="tfds: its data_dir")
-    p.add_argument("--out", required=True, help="the prepared dataset's folder")
+    p.add_argument("--out", required=True, help="the prepared dataset's folder (local or gs://BUCKET/PATH)")
     p.add_argument("--tokenizer", help="a tokenizer.json to use; default: train one on a sample")
     p.add_argument("--vocab-size", type=int, default=8449, help="of a trained tokenizer (default 8449)")
     p.add_argument("--tokenizer-docs", type=int, default=100_000,
@@ -199,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not manifest.get("skipped"):
         seconds = time.perf_counter() - start
         done = manifest["shards_tokenized"]
-        size = sum((pathlib.Path(args.out) / s["file"]).stat().st_size for s in manifest["shards"])
+        size = sum(s["bytes"] for s in manifest["shards"])
         print(f"prepare: {manifest['documents']:,} documents, {manifest['tokens']:,} tokens in "
               f"{len(manifest['shards'])} shards ({size / 2**20:,.1f} MiB) in {args.out}; tokenized "
               f"{done} shard(s) in {seconds:.1f} s ({manifest['tokens'] / seconds / 1e6:.2f} M tokens/s "

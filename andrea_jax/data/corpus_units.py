@@ -4,6 +4,7 @@ records), in corpus order, and the units into K shards of about equal size. The 
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import pathlib
@@ -11,16 +12,26 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from andrea_jax.data import documents, sampling, tokenize
+from andrea_jax.data import documents, sampling, storage, tokenize
 from andrea_jax.errors import DataError
 
 HF_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 
 def _hf_files(pattern: str) -> list[pathlib.Path]:
-    """The sorted JSON-lines (optionally gzipped) and parquet files named by a file, folder or glob."""
+    """The sorted JSON-lines (optionally gzipped) and parquet files named by a file, folder or glob,
+    local or gs:// (storage.py)."""
     import glob
 
-    path = pathlib.Path(pattern).expanduser()
+    path = storage.path(pattern, "--path")
+    if storage.is_remote(path):
+        files = storage.find(pattern, HF_SUFFIXES)
+        if not files:
+            raise DataError(f"--path {pattern!r} names no {', '.join(HF_SUFFIXES)} files")
+        for p in files:
+            if not p.name.endswith(HF_SUFFIXES):
+                raise DataError(f"{p}: not one of {', '.join(HF_SUFFIXES)}")
+        return files
+    path = path.expanduser()
     if any(c in pattern for c in "*?["):
         files = sorted(pathlib.Path(p) for p in glob.glob(str(path), recursive=True) if os.path.isfile(p))
     elif path.is_dir():
@@ -37,13 +48,13 @@ def _hf_files(pattern: str) -> list[pathlib.Path]:
     return [p.resolve() for p in files]
 
 
-def _hf_documents(path: pathlib.Path) -> Iterator[str]:
+def _hf_documents(path) -> Iterator[str]:
     """The non-blank `text` fields of a JSON-lines (.gz) or parquet file (C4, FineWeb, ...)."""
     if path.name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         try:
-            table = pq.ParquetFile(path)
+            table = pq.ParquetFile(storage.open_binary(path))
             if "text" not in table.schema_arrow.names:
                 raise DataError(f"{path}: no 'text' column (it has: {', '.join(table.schema_arrow.names)})")
             for batch in table.iter_batches(columns=["text"], batch_size=4096):
@@ -55,9 +66,9 @@ def _hf_documents(path: pathlib.Path) -> Iterator[str]:
         except Exception as e:  # pyarrow's errors: a truncated or non-parquet file
             raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})") from None
         return
-    opener = gzip.open if path.name.endswith(".gz") else open
-    try:
-        with opener(path, "rb") as f:
+    try:   # path.open: a local file or a gs:// object
+        with path.open("rb") as file, (gzip.open(file, "rb") if path.name.endswith(".gz")
+                                      else contextlib.nullcontext(file)) as f:
             for lineno, raw in enumerate(f, 1):
                 line, _ = documents.decode(raw)
                 if line.strip():
@@ -95,9 +106,9 @@ def unit_documents(unit: tuple) -> Iterator[str]:
     data_dir, lo, hi)."""
     kind = unit[0]
     if kind == "files":
-        return documents.read_documents(pathlib.Path(unit[1]))
+        return documents.read_documents(storage.path(unit[1]))
     if kind == "hf-jsonl":
-        return _hf_documents(pathlib.Path(unit[1]))
+        return _hf_documents(storage.path(unit[1]))
     _, name, split, data_dir, lo, hi = unit
     records = _tfds_records(name, split, data_dir)
     return tokenize.iter_texts(sampling._Subset(records, range(lo, hi)))
@@ -115,7 +126,7 @@ def plan_units(args) -> tuple[list[tuple], list[int], str, str]:
         from andrea_jax.data.tfds_builder import files_key
 
         name = str(files[0]) if len(files) == 1 else f"{args.path} ({len(files)} files)"
-        return [(args.source, str(p)) for p in files], [p.stat().st_size for p in files], \
+        return [(args.source, str(p)) for p in files], [storage.stamp(p)[0] for p in files], \
             f"{args.source}-{files_key(files)}", name
     if not args.name:
         raise DataError("--source tfds needs --name (a TFDS dataset prepared in array_record format)")

@@ -18,8 +18,20 @@ _REPLACEMENT_UTF8 = "\ufffd".encode()
 
 
 def find_files(pattern: str) -> list[pathlib.Path]:
-    """The sorted .txt / .jsonl files named by a file, a folder (read recursively) or a glob."""
-    path = pathlib.Path(pattern).expanduser()
+    """The sorted .txt / .jsonl files named by a file, a folder (read recursively) or a glob, local
+    or gs:// (storage.py)."""
+    from andrea_jax.data import storage
+
+    path = storage.path(pattern, "data.path")
+    if storage.is_remote(path):
+        files = storage.find(pattern, SUFFIXES)
+        if not files:
+            raise DataError(f"data.path {pattern!r} names no .txt or .jsonl files")
+        for p in files:
+            if p.suffix not in SUFFIXES:
+                raise DataError(f"{p}: not a .txt or .jsonl file")
+        return files
+    path = path.expanduser()
     if any(c in pattern for c in "*?["):
         files = sorted(p for p in map(pathlib.Path, glob.glob(str(path), recursive=True)) if p.is_file())
         if not files:

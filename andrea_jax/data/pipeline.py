@@ -23,7 +23,8 @@ import jax
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax.data import loader, tokenize, sampling, sources, streaming, token_shards, tokenizer as tokenizer_lib
+from andrea_jax.data import (bucket_cache, loader, tokenize, sampling, sources, storage, streaming, token_shards,
+                             tokenizer as tokenizer_lib)
 from andrea_jax.errors import DataError
 from andrea_jax.workdir import Workdir
 
@@ -94,9 +95,14 @@ def _build_lock(cache_dir: pathlib.Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _open_prepared(data_cfg, vocab_size: int):
-    """(tokenizer, tokens, key) of a dataset written by `python -m andrea_jax.data.prepare`."""
-    folder = pathlib.Path(data_cfg.path).expanduser()
+def _open_prepared(data_cfg, vocab_size: int, cache_dir: pathlib.Path):
+    """(tokenizer, tokens, key) of a dataset written by `python -m andrea_jax.data.prepare`; one in a
+    bucket (gs://) is read from its local copy (bucket_cache.py)."""
+    folder = storage.path(str(data_cfg.path), "data.path")
+    if storage.is_remote(folder):
+        with _build_lock(cache_dir):
+            folder = bucket_cache.local_copy(folder, cache_dir)
+    folder = folder.expanduser()
     if not folder.is_dir():
         raise DataError(f"data.path {data_cfg.path!r}: no prepared token dataset there (no such folder)")
     manifest = token_shards.read_manifest(folder)
@@ -117,7 +123,7 @@ def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None)
     split = data_cfg.tfds_split if data_cfg.source == "tfds" else "train"
     val_tokens = None
     if data_cfg.source == "prepared":
-        tok, tokens, key = _open_prepared(data_cfg, vocab_size)
+        tok, tokens, key = _open_prepared(data_cfg, vocab_size, cache_dir)
         name = str(data_cfg.path)
     else:
         with _build_lock(cache_dir):

@@ -13,15 +13,15 @@ from typing import Sequence
 
 import tensorflow_datasets as tfds
 
-from andrea_jax.data import documents
+from andrea_jax.data import documents, storage
 from andrea_jax.errors import DataError
 
 
 def files_key(files: Sequence[pathlib.Path]) -> str:
     digest = hashlib.sha256()
     for path in files:
-        stat = path.stat()
-        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        size, mtime_ns = storage.stamp(path)   # a local file or a gs:// object (prepare --path)
+        digest.update(f"{path}\0{size}\0{mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 
 

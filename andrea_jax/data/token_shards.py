@@ -29,13 +29,14 @@ random access reads them twice as fast. The pretokenize cache of a training run 
 """
 from __future__ import annotations
 
+import io
 import json
-import pathlib
 import threading
 from typing import Sequence
 
 import numpy as np
 
+from andrea_jax.data import storage
 from andrea_jax.errors import DataError
 
 FORMAT = "andrea-tokens/2"
@@ -60,7 +61,7 @@ def marker_file(shard: str) -> str:
     return f"{shard}.done.json"
 
 
-def read_json(path: pathlib.Path, what: str) -> dict:
+def read_json(path, what: str) -> dict:
     try:
         value = json.loads(path.read_text())
     except FileNotFoundError:
@@ -107,16 +108,16 @@ def record_header(n_bytes: int) -> bytes:
     return header
 
 
-def is_current(folder: pathlib.Path) -> bool:
+def is_current(folder) -> bool:
     """Whether `folder` holds a manifest of this format (a cache of an older one is remade)."""
     try:
-        return json.loads((pathlib.Path(folder) / MANIFEST).read_text()).get("format") == FORMAT
+        return json.loads((storage.path(folder) / MANIFEST).read_text()).get("format") == FORMAT
     except (OSError, ValueError, AttributeError):
         return False
 
 
-def read_manifest(folder: pathlib.Path) -> dict:
-    path = pathlib.Path(folder) / MANIFEST
+def read_manifest(folder) -> dict:
+    path = storage.path(folder) / MANIFEST
     manifest = read_json(path, "token dataset manifest")
     if manifest.get("format") != FORMAT:
         raise DataError(f"{path} is not a token dataset of format {FORMAT} (it says {manifest.get('format')!r}): "
@@ -130,12 +131,13 @@ def read_manifest(folder: pathlib.Path) -> dict:
 class _Shard:
     """One opened shard: its array_record reader and its records' token offsets."""
 
-    def __init__(self, path: pathlib.Path, n_records: int):
+    def __init__(self, path, n_records: int):
         from array_record.python import array_record_module
 
         self.path = path
         try:
-            self.ends = np.load(path.with_name(index_file(path.name)), mmap_mode="r")
+            # Read from its bytes, not memory-mapped: the same for a file and an object.
+            self.ends = np.load(io.BytesIO(path.with_name(index_file(path.name)).read_bytes()), allow_pickle=False)
             self.reader = array_record_module.ArrayRecordReader(str(path), READER_OPTIONS)
             found = self.reader.num_records()
         except (OSError, ValueError, RuntimeError) as e:
@@ -183,7 +185,7 @@ class ShardedTokens:
     def __init__(self, folder, files: Sequence[str], counts: Sequence[int], documents: Sequence[int], dtype,
                  lo: int = 0, hi: int | None = None, _opened: dict | None = None,
                  _lock: threading.Lock | None = None):
-        self.folder = pathlib.Path(folder)
+        self.folder = storage.path(folder)
         self.files = list(files)
         self.counts = np.asarray(counts, np.int64)
         self.documents = np.asarray(documents, np.int64)
@@ -196,8 +198,9 @@ class ShardedTokens:
     @classmethod
     def open(cls, folder, expect_tokenizer: str | None = None, tokenizer_name: str = "") -> "ShardedTokens":
         """The token dataset in `folder`, its manifest and shard sizes checked; with
-        `expect_tokenizer`, refused when made by another tokenizer."""
-        folder = pathlib.Path(folder)
+        `expect_tokenizer`, refused when made by another tokenizer. `folder` may be gs://: its
+        manifest and shard sizes are checked there (storage.py)."""
+        folder = storage.path(folder)
         manifest = read_manifest(folder)
         if expect_tokenizer is not None and manifest.get("tokenizer") != expect_tokenizer:
             raise DataError(f"token dataset {folder} was tokenized by tokenizer {manifest.get('tokenizer')} "
@@ -205,8 +208,8 @@ class ShardedTokens:
                             f"{expect_tokenizer}: use its own tokenizer.json or prepare it again")
         for shard in manifest["shards"]:
             path = folder / shard["file"]
-            size = path.stat().st_size if path.is_file() else None
-            if size != shard["bytes"] or not (folder / index_file(shard["file"])).is_file():
+            size = storage.size(path)
+            if size != shard["bytes"] or storage.size(folder / index_file(shard["file"])) is None:
                 state = ("is missing" if size is None else f"has {size:,} bytes, not {shard['bytes']:,}"
                          if size != shard["bytes"] else f"has no index {index_file(shard['file'])}")
                 raise DataError(f"token shard {path} {state}: prepare the dataset again (a rerun "
