@@ -19,19 +19,8 @@ import distributed  # noqa: F401  a test dependency (the `test` extra has apache
 import portpicker
 import pytest
 
-from andrea_jax.data import beam_pipeline, beam_prepare as prepare, dask_cluster, pipeline
-
-PARAGRAPHS = [p for p in pipeline.read_text(pipeline.EMBEDDED_CORPUS)[:60_000].split("\n\n") if p.strip()]
-
-
-def write_corpus(folder, n_files=4):
-    """n_files .jsonl files of paragraphs and one .txt."""
-    folder.mkdir(parents=True)
-    for f in range(n_files):
-        part = PARAGRAPHS[f * len(PARAGRAPHS) // n_files:(f + 1) * len(PARAGRAPHS) // n_files]
-        (folder / f"part{f}.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in part))
-    (folder / "z_last.txt").write_text("The very last document.\n")
-    return folder
+from _corpus import PARAGRAPHS, write_corpus
+from andrea_jax.data import beam_pipeline, beam_prepare as prepare, dask_cluster
 
 
 def _stop(procs):

@@ -5,7 +5,6 @@ on `data.source=prepared data.path=gs://...` has the losses of the same run on t
 s3:// is refused in one line."""
 import contextlib
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -21,19 +20,9 @@ from etils import epath
 import train as train_cli
 from andrea_jax.data import beam_prepare as prepare, bucket_cache, pipeline, token_shards
 from andrea_jax.errors import DataError
+from _corpus import write_corpus
 
-PARAGRAPHS = [p for p in pipeline.read_text(pipeline.EMBEDDED_CORPUS)[:60_000].split("\n\n") if p.strip()]
 BUCKET = "andrea-test"
-
-
-def write_corpus(folder, n_files=3):
-    """n_files .jsonl files of paragraphs and one .txt; returns their names."""
-    folder.mkdir(parents=True)
-    for f in range(n_files):
-        part = PARAGRAPHS[f * len(PARAGRAPHS) // n_files:(f + 1) * len(PARAGRAPHS) // n_files]
-        (folder / f"part{f}.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in part))
-    (folder / "z_last.txt").write_text("The very last document.\n")
-    return sorted(p.name for p in folder.iterdir())
 
 
 @contextlib.contextmanager
@@ -101,7 +90,7 @@ def without_timing(marker: dict) -> dict:
 
 def test_prepare_to_and_train_from_a_bucket_equal_a_local_folder(tmp_path, emulator, capsys, monkeypatch):
     corpus = tmp_path / "corpus"
-    names = write_corpus(corpus)
+    names = sorted(p.name for p in write_corpus(corpus, n_files=3).iterdir())
     for name in names:   # the same corpus in the bucket: --path gs://
         epath.Path(f"gs://{BUCKET}/corpus/{name}").write_bytes((corpus / name).read_bytes())
     local, remote = tmp_path / "prepared", epath.Path(f"gs://{BUCKET}/runs/prepared")

@@ -24,13 +24,7 @@ def _hf_files(pattern: str) -> list[pathlib.Path]:
 
     path = storage.path(pattern, "--path")
     if storage.is_remote(path):
-        files = storage.find(pattern, HF_SUFFIXES)
-        if not files:
-            raise DataError(f"--path {pattern!r} names no {', '.join(HF_SUFFIXES)} files")
-        for p in files:
-            if not p.name.endswith(HF_SUFFIXES):
-                raise DataError(f"{p}: not one of {', '.join(HF_SUFFIXES)}")
-        return files
+        return storage.find_files(pattern, HF_SUFFIXES, "--path", ", ".join(HF_SUFFIXES))
     path = path.expanduser()
     if any(c in pattern for c in "*?["):
         files = sorted(pathlib.Path(p) for p in glob.glob(str(path), recursive=True) if os.path.isfile(p))

@@ -24,13 +24,7 @@ def find_files(pattern: str) -> list[pathlib.Path]:
 
     path = storage.path(pattern, "data.path")
     if storage.is_remote(path):
-        files = storage.find(pattern, SUFFIXES)
-        if not files:
-            raise DataError(f"data.path {pattern!r} names no .txt or .jsonl files")
-        for p in files:
-            if p.suffix not in SUFFIXES:
-                raise DataError(f"{p}: not a .txt or .jsonl file")
-        return files
+        return storage.find_files(pattern, tuple(SUFFIXES), "data.path", ".txt or .jsonl")
     path = path.expanduser()
     if any(c in pattern for c in "*?["):
         files = sorted(p for p in map(pathlib.Path, glob.glob(str(path), recursive=True)) if p.is_file())

@@ -106,6 +106,18 @@ def find(pattern: str, suffixes: tuple[str, ...]) -> list:
     return sorted(epath.Path("gs://" + n.removeprefix("gs://")) for n in names)
 
 
+def find_files(pattern: str, suffixes: tuple[str, ...], setting: str, kinds: str) -> list:
+    """find(), refusing a URL that names nothing, or a matched object of another kind, with one line
+    naming `setting` (e.g. --path) and the `kinds` wanted (e.g. ".txt or .jsonl")."""
+    files = find(pattern, suffixes)
+    if not files:
+        raise DataError(f"{setting} {pattern!r} names no {kinds} files")
+    for p in files:
+        if not p.name.endswith(suffixes):
+            raise DataError(f"{p}: not a {kinds} file")
+    return files
+
+
 def open_binary(p):
     """A local path as it is (the readers open it), an object as an open binary file."""
     return p.open("rb") if is_remote(p) else p
