@@ -261,10 +261,11 @@ def main(argv=None) -> int:
             with open(os.path.join(args.dump_hlo, f"{r.step}.hlo"), "w") as f:
                 f.write(r.hlo)
     if args.json:
+        from andrea_jax.train import sharding
         with open(args.json, "a") as f:
             for r in reports:
                 f.write(json.dumps({"target": args.target, "config": args.config, "set": args.set,
-                                    "devices": args.devices, "mesh": list(devices and _mesh_shape(cfg, len(devices))),
+                                    "devices": args.devices, "mesh": list(sharding.mesh_shape(cfg.mesh, args.devices)),
                                     **r.as_dict()}) + "\n")
     usable = target_memory(args.target) * mem_fraction()
     over = [r for r in reports if r.peak_bytes > usable]
@@ -276,11 +277,6 @@ def main(argv=None) -> int:
               f"train.microbatches or model.remat, or shard over more devices", file=sys.stderr)
         return 1
     return 0
-
-
-def _mesh_shape(cfg, n: int) -> tuple[int, int, int]:
-    from andrea_jax.train import sharding
-    return sharding.mesh_shape(cfg.mesh, n)
 
 
 if __name__ == "__main__":
