@@ -29,7 +29,7 @@ import re
 import sys
 import time
 
-from andrea_jax import native_stderr_silenced
+from andrea_jax.startup import native_stderr_silenced
 from andrea_jax.hlo_stats import convert_fusions, kernel_counts, matmul_dtypes
 
 TARGETS = ("h100", "h200", "a100")
@@ -108,6 +108,21 @@ def _report(step: str, lowered, flops: float | None = None) -> StepReport:
     return StepReport(step, compile_s, mem.argument_size_in_bytes, mem.output_size_in_bytes,
                       mem.alias_size_in_bytes, mem.temp_size_in_bytes, flops, kernel_counts(hlo),
                       convert_fusions(hlo), matmul_dtypes(hlo), hlo)
+
+
+# jax releases whose private APIs this module reads (xla_flops: the lowering's HLO module and the
+# cost analysis of jaxlib's client): another release may have moved them.
+SUPPORTED_JAX = ((0, 10), (0, 11))
+
+
+def unsupported_jax() -> str | None:
+    """Why the installed jax cannot serve this module, in one line; None when it can."""
+    from importlib.metadata import version
+    installed = version("jax")
+    if tuple(int(p) for p in installed.split(".")[:2]) not in SUPPORTED_JAX:
+        known = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_JAX)
+        return f"andrea_jax.aot reads private jax APIs known for jax {known}, not the installed jax {installed}"
+    return None
 
 
 def xla_flops(cfg, mesh, state, tokens) -> float | None:
@@ -219,10 +234,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also append one JSON line per step to this file")
     parser.add_argument("--dump-hlo", help="write each step's optimized HLO to DIR/STEP.hlo")
     args = parser.parse_args(argv)
+    unsupported = unsupported_jax()
+    if unsupported:
+        print(f"error: {unsupported}", file=sys.stderr)
+        return 2
     # The plugin's CUDA version check needs a GPU's runtime; JAX skips it when cuda is not a
     # platform it is asked to run on, and still registers the plugin for its topology.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    with native_stderr_silenced():  # the CUDA plugin's "no driver" lines, also where andrea_jax did not
+    with native_stderr_silenced():  # the CUDA plugin's "no driver" lines
         import jax
         jax.devices("cpu")  # discovers and loads the plugins
     from andrea_jax import config as config_lib

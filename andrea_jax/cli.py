@@ -7,16 +7,19 @@ such as SLURM). On CPU the processes talk over gloo.
 Exit codes: 0 done; 2 the command or config asks for something impossible (fix it and rerun);
 1 the run failed (data, checkpoints, a non-finite loss, a busy workdir); 128 + N stopped by signal
 N (143 SIGTERM, 130 SIGINT) after saving a checkpoint: the run is not finished, rerun the same
-command to continue. Every error is one line on stderr; --debug shows the traceback instead.
+command to continue. A signal before training starts, or a second one, stops it without a
+checkpoint: "error: interrupted" (SIGINT) or "error: terminated" (SIGTERM), same codes; the second
+one stops it at once, whatever it is doing. Every error is one line on stderr; --debug shows the
+traceback instead.
 """
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
-from andrea_jax import config as config_lib
-from andrea_jax.errors import AndreaError, ConfigError
+from andrea_jax import config as config_lib, startup
+from andrea_jax import signals
+from andrea_jax.errors import AndreaError, ConfigError, MissingExtraError
 
 
 def start_distributed(args) -> None:
@@ -30,6 +33,7 @@ def start_distributed(args) -> None:
         jax.distributed.initialize()
 
 
+@signals.command  # a second SIGINT or SIGTERM stops the process at once, whatever it is doing
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a name in configs/ or a path to a .py config")
@@ -52,9 +56,8 @@ def main(argv=None) -> int:
     try:
         return run(args)
     except AndreaError as e:  # a config (exit 2), data, workdir, checkpoint or training error
-        return fail(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", e.exit_code)
-    except KeyboardInterrupt:  # before the training loop, or a second SIGINT while the first one's checkpoint saves
-        return fail("error: interrupted", 128 + signal.SIGINT)
+        config = isinstance(e, ConfigError) and not isinstance(e, MissingExtraError)  # an install is no config
+        return fail(f"{'config error' if config else 'error'}: {e}", e.exit_code)
     except Exception as e:
         return fail(f"error: {type(e).__name__}: {e} (--debug shows where)", 1)
 
@@ -66,8 +69,10 @@ def fail(message: str, code: int) -> int:
 
 def run(args) -> int:
     cfg = config_lib.validate(config_lib.override(config_lib.load(args.config), args.set))
+    startup.import_jax()
     if args.coordinator or args.distributed:
         start_distributed(args)
+    startup.start_jax()
     from andrea_jax.serve import generate
     from andrea_jax.train import loop, preemption  # after validation: a bad config fails before jax starts work
     try:

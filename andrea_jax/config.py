@@ -13,7 +13,8 @@ import pathlib
 import typing
 from dataclasses import dataclass, field
 
-from andrea_jax.errors import ConfigError  # noqa: F401  (the one project import: the error it raises)
+from andrea_jax.config_text import nearest_key, parse_value
+from andrea_jax.errors import ConfigError  # noqa: F401  (callers catch it here)
 
 
 NORMS = ("pre", "post", "sandwich", "deepnorm", "lns")   # block placements, ProRes paper Table 1
@@ -111,11 +112,11 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ProResConfig:
-    schedule: str = "linear"    # one of andrea_jax.prores.SCHEDULES; `none` turns ProRes off
+    schedule: str = "linear"    # one of SCHEDULES (formulas: andrea_jax.model.prores); `none` turns ProRes off
     warmup: int = 1000          # T: warmup of the first layer, in optimizer steps (paper default)
     # A deviation from the paper, off by default: multiply block l's AdamW update (decay included)
     # by alpha_l (alpha) or sqrt(alpha_l) (sqrt_alpha), so a partly-on block moves as little as it
-    # counts; Adam's m / sqrt(v) otherwise undoes the alpha that scales its gradient (issue 18).
+    # counts; Adam's m / sqrt(v) otherwise undoes the alpha that scales its gradient.
     scale_updates: str = "none"
 
     def check(self) -> None:
@@ -248,7 +249,7 @@ class DiagnosticsConfig:
 
 @dataclass(frozen=True)
 class KernelsConfig:
-    impl: str = "auto"          # xla | pallas | triton | auto (xla everywhere until a GPU train-step measurement: kernels/__init__.py)
+    impl: str = "auto"          # xla | pallas | triton | auto (xla everywhere until a GPU train-step measurement: kernels/src/__init__.py)
 
     def check(self) -> None:
         _need(self.impl in ("auto", "xla", "pallas", "triton"), "kernels.impl",
@@ -258,7 +259,7 @@ class KernelsConfig:
 @dataclass(frozen=True)
 class MeshConfig:
     # Device mesh (data x fsdp x tensor must be the device count; one entry may be -1 = the rest).
-    # What each axis splits: andrea_jax.sharding. Defaults: plain data parallelism, as before.
+    # What each axis splits: andrea_jax.train.sharding. Defaults: plain data parallelism.
     data: int = -1              # data parallel: batch split, state replicated
     fsdp: int = 1               # fully sharded data parallel: batch split, matrices and Adam moments split on d_model
     tensor: int = 1             # tensor parallel: heads, MLP width, vocabulary split; must divide n_head and the MLP width
@@ -293,7 +294,7 @@ def from_dict(tree: dict) -> Config:
         kinds = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
         unknown = sorted(set(tree) - set(kinds))
         if unknown:
-            raise ConfigError(f"unknown config section {unknown[0]!r}")
+            raise ConfigError(f"unknown config section {unknown[0]!r}{nearest_key(_known_keys(Config()), unknown[0])}")
         return validate(Config(**{name: kind(**tree.get(name, {})) for name, kind in kinds.items()}))
     except TypeError as e:
         raise ConfigError(str(e)) from None
@@ -346,16 +347,8 @@ def _import_named(name: str):
         raise ConfigError(f"unknown config {name!r}; known: {', '.join(known)}") from None
 
 
-_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
-def _parse(key: str, text: str, kind: type):
-    try:
-        if kind is bool:
-            return _BOOLS[text.lower()]
-        return int(text.replace("_", "")) if kind is int else kind(text)
-    except (KeyError, ValueError):
-        raise ConfigError(f"{key}: expected {kind.__name__}, got {text!r}") from None
+def _known_keys(config: Config) -> dict[str, list[str]]:
+    return {s.name: list(typing.get_type_hints(type(getattr(config, s.name)))) for s in dataclasses.fields(config)}
 
 
 def override(config: Config, assignments: typing.Sequence[str]) -> Config:
@@ -366,12 +359,12 @@ def override(config: Config, assignments: typing.Sequence[str]) -> Config:
         if not sep or not dot:
             raise ConfigError(f"override {assignment!r} is not of the form section.key=value")
         if section not in {f.name for f in dataclasses.fields(config)}:
-            raise ConfigError(f"unknown config key {key!r}: no section {section!r}")
+            raise ConfigError(f"unknown config key {key!r}: no section {section!r}{nearest_key(_known_keys(config), key)}")
         sub = getattr(config, section)
         hints = typing.get_type_hints(type(sub))
         if name not in hints:
-            raise ConfigError(f"unknown config key {key!r}")
-        sub = dataclasses.replace(sub, **{name: _parse(key, text, hints[name])})
+            raise ConfigError(f"unknown config key {key!r}{nearest_key(_known_keys(config), key)}")
+        sub = dataclasses.replace(sub, **{name: parse_value(key, text, hints[name])})
         config = dataclasses.replace(config, **{section: sub})
     return config
 

@@ -22,6 +22,29 @@ class KernelUnavailableError(ConfigError):
     """kernels.impl asks for a backend this machine cannot run; the message names what is missing."""
 
 
+class MissingExtraError(AndreaError):
+    """What the command or a setting asks for needs an optional extra (pyproject.toml) that this
+    install lacks: the message names the extra and the command that installs it (exit 2)."""
+    exit_code = 2
+
+    def __init__(self, needs: str, extra: str):
+        super().__init__(f'{needs} needs the {extra} extra: pip install -e ".[{extra}]"')
+        self.extra = extra
+
+
+def is_missing(err: ImportError, *packages: str) -> bool:
+    """Whether `err` says that one of `packages` (or a module inside it) is not installed, not that
+    something the package imports is missing or broken (that keeps its traceback)."""
+    name = err.name or ""
+    return isinstance(err, ModuleNotFoundError) and any(
+        name == p or name.startswith(p + ".") for p in packages)
+
+
+class KernelExtraMissing(MissingExtraError, KernelUnavailableError):
+    """kernels.impl=triton without jax-triton: callers that catch KernelUnavailableError skip the
+    backend as on a machine without a GPU."""
+
+
 class DataError(AndreaError, ValueError):
     """Bad input data that stops the run: the message names the file (or dataset)."""
 

@@ -1,7 +1,7 @@
-"""`python -m andrea_jax.evaluate`, the command the README has always given; the code is andrea_jax.serve.evaluate."""
+"""`python -m andrea_jax.evaluate`, the same command as `andrea-evaluate`; its code is andrea_jax.serve.evaluate."""
 import sys
 
-from andrea_jax.serve.evaluate import main
+from andrea_jax import commands
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(commands.evaluate())

@@ -1,7 +1,7 @@
-"""`python -m andrea_jax.export`, the command the README has always given; the code is andrea_jax.serve.export."""
+"""`python -m andrea_jax.export`, the same command as `andrea-export`; its code is andrea_jax.serve.export."""
 import sys
 
-from andrea_jax.serve.export import main
+from andrea_jax import commands
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(commands.export())

@@ -1,7 +1,7 @@
-"""`python -m andrea_jax.generate`, the command the README has always given; the code is andrea_jax.serve.generate."""
+"""`python -m andrea_jax.generate`, the same command as `andrea-generate`; its code is andrea_jax.serve.generate."""
 import sys
 
-from andrea_jax.serve.generate import main
+from andrea_jax import commands
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(commands.generate())

@@ -1,7 +1,7 @@
-"""`python -m andrea_jax.lm_eval_adapter`, the command the README has always given; the code is andrea_jax.serve.lm_eval_adapter."""
+"""`python -m andrea_jax.lm_eval_adapter`, the same command as `andrea-lm-eval`; its code is andrea_jax.serve.lm_eval_adapter."""
 import sys
 
-from andrea_jax.serve.lm_eval_adapter import main
+from andrea_jax import commands
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(commands.lm_eval())

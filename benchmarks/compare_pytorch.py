@@ -1,5 +1,5 @@
 """The project's CPU train step side by side with the same GPT-2 in plain PyTorch eager, timed
-alternately on the same cores (issue 10, part 6).
+alternately on the same cores.
 
     python benchmarks/compare_pytorch.py                       # the tiny config, batch 16 x 128
     python benchmarks/compare_pytorch.py --rounds 30 --json /tmp/cmp.json
@@ -10,8 +10,8 @@ causal self-attention from one fused qkv projection, LayerNorm, a GELU-tanh MLP 
 positions, tied input/output embedding, biases everywhere), in float32, with the same parameter
 count (both printed), the same batch of token windows and the same optimizer work: global-norm
 clipping at 1.0, then AdamW (b1 0.9, b2 0.95, weight decay on matrices and embeddings only).
-Our side is the project's own jitted train step (`andrea_jax.steps.make_train_step`, optimizer
-from `andrea_jax.optim`), with `prores.schedule=none` by default: all alphas are 1, so both
+Our side is the project's own jitted train step (`andrea_jax.train.steps.make_train_step`, optimizer
+from `andrea_jax.train.optim`), with `prores.schedule=none` by default: all alphas are 1, so both
 models compute x + F(x) (the tiny config's linear schedule would add L scalar multiplies).
 Our step does a little more: logits over the vocabulary padded to a multiple of 128 (8576
 columns for 8449), a finiteness guard on the update (optax.apply_if_finite) and the gradient norm
@@ -121,7 +121,7 @@ def load_params(model: TorchGPT, params) -> None:
 
 
 def torch_optimizer(model: TorchGPT, o: config_lib.OptimConfig) -> torch.optim.Optimizer:
-    """AdamW as andrea_jax.optim builds it: decay on matrices and embeddings, not on biases or
+    """AdamW as andrea_jax.train.optim builds it: decay on matrices and embeddings, not on biases or
     LayerNorm gains; the peak learning rate (the schedule is a host-side scalar per step)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

@@ -52,9 +52,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     crosses = args.cross or ["model.remat=none,dots,full", "model.attention=cudnn,xla", "kernels.impl=xla,pallas"]
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import andrea_jax
+    from andrea_jax import startup
     from andrea_jax import aot
-    with andrea_jax.native_stderr_silenced():
+    with startup.native_stderr_silenced():
         import jax
         jax.devices("cpu")
     from andrea_jax import config as config_lib

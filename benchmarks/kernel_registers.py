@@ -110,8 +110,8 @@ def main(argv=None):
     parser.add_argument("--sweep", action="store_true", help="also the backward at other tile sizes and warps")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import andrea_jax
-    with andrea_jax.native_stderr_silenced():
+    from andrea_jax import startup
+    with startup.native_stderr_silenced():
         from andrea_jax.kernels import pallas_ops
 
     shipped = pallas_ops.GPU_TILING

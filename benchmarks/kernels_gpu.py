@@ -11,7 +11,7 @@ forward+backward), it times every backend: `xla` (XLA's own fusion of the jnp re
 wheel carried to the machine installs with `pip install --no-deps jax_triton-*.whl`).
 
 Reported: time per call, effective bandwidth (the minimum HBM bytes the op must move, divided by
-the time), its fraction of the H200's 4.8 TB/s, and the speedup over `xla`. Targets (issue 3):
+the time), its fraction of the H200's 4.8 TB/s, and the speedup over `xla`. Targets:
 residual_layer_norm forward+backward >= 1.5x XLA and >= 80% of HBM bandwidth; bias_gelu
 forward+backward >= 1.2x XLA. The script reports them; it never asserts them.
 

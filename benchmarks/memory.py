@@ -67,9 +67,9 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={max(counts)}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import andrea_jax
+    from andrea_jax import startup
     from andrea_jax import aot
-    with andrea_jax.native_stderr_silenced():
+    with startup.native_stderr_silenced():
         import jax
         jax.devices("cpu")
     from andrea_jax import config as config_lib, model as model_lib

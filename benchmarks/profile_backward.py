@@ -1,4 +1,4 @@
-"""Where the CPU gradient of the model spends its time, op by op (issue 10, part 6).
+"""Where the CPU gradient of the model spends its time, op by op.
 
     python benchmarks/profile_backward.py                          # tiny, batch 16, 4 layers
     python benchmarks/profile_backward.py --set model.n_layer=8 --top 30

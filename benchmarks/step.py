@@ -14,7 +14,7 @@ moments, tokens) + outputs - donated + temp. On CPU these are the CPU compiler's
 estimate of a GPU's.
 
 Checked and printed (never asserted): compile time nearly flat in depth (the blocks are one
-scanned body; issue 10 asks compile(120) <= 1.5 x compile(12)), and step time linear in depth
+scanned body; the target is compile(120) <= 1.5 x compile(12)), and step time linear in depth
 (a least-squares line through the rows, with the largest relative miss of any row), fitted to
 the median step time and to the CPU time.
 """

@@ -8,7 +8,7 @@ linear decay over the last 10%, batch 512 x 1024, 100k steps, linear ProRes with
 Data: the embedded tinyshakespeare by default, which holds only 293 windows of 1025 tokens, fewer
 than one batch: the run stops saying so. For a smoke run anywhere add `--set train.batch_size=2
 --set train.steps=2`; for real training prepare a web-size corpus once with
-`python -m andrea_jax.data.prepare` and point `data.source=prepared` at it (README, "Train
+`python -m andrea_jax.data.prepare` and point `data.source=prepared` at it (docs/DATA.md, "Train
 ANDREA-120M for real").
 """
 from andrea_jax.config import (Config, DataConfig, ModelConfig, OptimConfig, ProResConfig,

@@ -19,6 +19,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 
+from andrea_jax import startup  # noqa: E402
+
+startup.start_jax()  # as every command does: the CUDA plugin's lines on a machine without a driver dropped
+
 from andrea_jax.data import pipeline, tokenizer as tok_lib  # noqa: E402
 
 

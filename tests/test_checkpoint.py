@@ -60,7 +60,9 @@ def test_resume_continues_bit_exactly(tmp_path, settings):
     (resumed / "step_losses.npy").unlink()
     lines = trainer.train(cfg, resumed, show_progress=False)
     assert [l["step"] for l in lines] == [4, 5, 6]  # steps 1-3 were not trained again
-    assert losses(resumed) == losses(straight)      # same losses, same validation, same data order
+    # Exact by construction: the resumed steps run the straight run's compiled train and eval steps
+    # on the same restored state and the same batches. Same losses, validation and data order:
+    assert losses(resumed) == losses(straight)
     np.testing.assert_array_equal(np.load(resumed / "step_losses.npy"), np.load(straight / "step_losses.npy"))
 
 
@@ -82,7 +84,7 @@ def test_unreadable_checkpoint_is_passed_over_and_kept(tmp_path, settings, capsy
     err = capsys.readouterr().err
     assert str(tmp_path / "checkpoints" / "6") in err and "cannot be restored" in err
     assert f"resuming from {tmp_path / 'checkpoints' / '3'}" in err
-    assert losses(tmp_path) == straight
+    assert losses(tmp_path) == straight  # exact by construction: the same compiled steps on the same state and data
     # The bad checkpoint stayed until step 6 was saved again, then was set aside, never deleted.
     aside = tmp_path / "checkpoints" / "6.unreadable"
     assert all((aside / f.relative_to(tmp_path / "checkpoints" / "6")).read_bytes() == b for f, b in bad.items())
@@ -142,7 +144,7 @@ def changed(value):
     return value + "_changed"
 
 
-# What may change on resume, as README.md ("Safe resume") states it, by key.
+# What may change on resume, as docs/TRAINING.md ("Safe resume") states it, by key.
 FREE = {"model.remat", "model.attention", "data.path", "data.data_dir", "data.tokenizer", "data.tfds_download",
         "optim.skip_nonfinite", "optim.max_consecutive_skips"}
 
@@ -185,7 +187,7 @@ def test_each_setting_is_refused_confirmable_or_free_on_resume_as_documented(tmp
             if kind != expected_kind(key):
                 wrong.append(f"{key}: {kind}, documented {expected_kind(key)}")
     assert not wrong, wrong
-    # The keys the README names, so that none of them can silently leave the table above.
+    # The keys docs/TRAINING.md names, so that none of them can silently leave the table above.
     assert {k for k, v in kinds.items() if v == "identity"} >= {
         "prores.schedule", "prores.warmup", "model.n_layer", "data.source", "data.val_fraction", "data.tfds_split",
         "data.pretokenize", "train.seed", "train.batch_size"}

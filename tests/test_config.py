@@ -59,6 +59,26 @@ def test_unknown_config_name_lists_the_known_ones(capsys, tmp_path):
     assert "unknown config 'huge'" in err and "tiny" in err
 
 
+@pytest.mark.parametrize("assignment,message", [
+    ("model.n_layers=4", "unknown config key 'model.n_layers'; did you mean model.n_layer?"),
+    ("modle.n_layer=4", "unknown config key 'modle.n_layer': no section 'modle'; did you mean model.n_layer?"),
+    ("train.lr=1e-3", "unknown config key 'train.lr'; did you mean optim.lr?"),   # the name in another section
+    ("diagnostic.zzz=1", "unknown config key 'diagnostic.zzz': no section 'diagnostic'; did you mean section diagnostics?"),
+    ("model.qqqq=1", "unknown config key 'model.qqqq'"),                         # nothing near: no guess
+    ("xyz.abc=1", "unknown config key 'xyz.abc': no section 'xyz'"),
+])
+def test_unknown_key_suggests_the_nearest_known_one(assignment, message, capsys, tmp_path):
+    assert train.main(["--config", "tiny", "--workdir", str(tmp_path), "--set", assignment]) == 2
+    assert capsys.readouterr().err.strip() == f"config error: {message}"
+
+
+def test_unknown_section_of_a_saved_config_suggests_the_nearest():
+    tree = config_lib.load("tiny").to_dict()
+    tree["modle"] = tree.pop("model")
+    with pytest.raises(config_lib.ConfigError, match=r"^unknown config section 'modle'; did you mean model\?$"):
+        config_lib.from_dict(tree)
+
+
 def test_config_file_with_wrong_field_type_is_rejected(tmp_path):
     path = tmp_path / "bad.py"
     path.write_text("from andrea_jax.config import Config, ModelConfig\n"

@@ -37,6 +37,14 @@ def test_missing_path(tmp_path, tok_path):
     fails(tmp_path, tok_path, tmp_path / "data.csv", rf"{tmp_path}/data.csv: not a .txt or .jsonl file")
 
 
+def test_prepare_names_its_own_flag(tmp_path, capsys):
+    from andrea_jax.data import beam_prepare
+
+    assert beam_prepare.main(["--source", "files", "--path", str(tmp_path / "nowhere"),
+                              "--out", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err == f"error: --path '{tmp_path}/nowhere': no such file or folder\n"
+
+
 def test_empty_corpus(tmp_path, tok_path):
     (tmp_path / "one").mkdir()
     (tmp_path / "one" / "a.txt").write_text("")

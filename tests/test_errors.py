@@ -12,14 +12,6 @@ TOY = ["train.steps=2", "train.batch_size=4", "train.sample_tokens=0", "model.n_
        "model.seq_len=16", "model.vocab_size=300", "diagnostics.tensorboard=false"]
 
 
-def no_jax_triton(tmp_path):
-    """A folder whose jax_triton module fails to import, to stand first on PYTHONPATH."""
-    folder = tmp_path / "no_jax_triton"
-    folder.mkdir(exist_ok=True)
-    (folder / "jax_triton.py").write_text("raise ImportError('No module named jax_triton')\n")
-    return folder
-
-
 def start(tmp_path, config, workdir, *settings, env=None, flags=()):
     cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(config), "--workdir", str(workdir), *flags]
     for s in settings:
@@ -45,12 +37,10 @@ def test_each_bad_input_is_one_line_and_its_exit_code(tmp_path, tok_path, not_py
         # A filesystem problem is not a config error: exit 1, as a busy workdir.
         "workdir is a file": (start(tmp_path, "tiny", a_file, *toy), 1, ["error:", str(a_file), "file"]),
         # The test extra installs jax-triton (its kernels' PTX is assembled without a GPU): on this
-        # CPU the triton backend is refused for want of a GPU; with the package absent, for it.
+        # CPU the triton backend is refused for want of a GPU (without the package:
+        # test_missing_extras.py).
         "triton on a CPU": (start(tmp_path, "tiny", tmp_path / "w3", *toy, "kernels.impl=triton"), 2,
                             ["config error:", "triton", "CUDA GPU"]),
-        "triton missing": (start(tmp_path, "tiny", tmp_path / "w3b", *toy, "kernels.impl=triton",
-                                 env={"PYTHONPATH": str(no_jax_triton(tmp_path))}), 2,
-                           ["config error:", "triton", "jax-triton"]),
         "indivisible batch": (start(tmp_path, "tiny", tmp_path / "w4", *toy, "train.batch_size=3",
                                     env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}), 2,
                               ["config error:", "train.batch_size=3", "2"]),

@@ -1,6 +1,6 @@
 """The fused kernels against their jnp references (CPU: Pallas in interpret mode).
 
-Ground truth is the jnp reference in kernels/reference.py evaluated in float32 (for bfloat16
+Ground truth is the jnp reference in kernels/src/reference.py evaluated in float32 (for bfloat16
 inputs: on the same bfloat16 values, upcast), and `jax.vjp` of that reference for gradients; the
 reference's own gradients are in turn checked against finite differences.
 """

@@ -5,10 +5,11 @@ the suite runs with one device.
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
+
+from _devices import cpu_devices_env
 
 SCRIPT = pathlib.Path(__file__).with_name("kernels_sharded_main.py")
 CASES = [f"OK {mesh} {op}" for mesh in ("explicit data x seq", "auto data (set_mesh)")
@@ -16,8 +17,7 @@ CASES = [f"OK {mesh} {op}" for mesh in ("explicit data x seq", "auto data (set_m
 
 
 def test_sharded_kernels_equal_unsharded_on_8_cpu_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(SCRIPT)], env=cpu_devices_env(8), capture_output=True, text=True,
                           timeout=600, cwd=SCRIPT.parents[1])
     assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
     for case in CASES + ["OK control", "OK model tiny pallas sharded == xla unsharded", "ALL OK"]:

@@ -4,7 +4,6 @@ written-out formulas (tests/_ref_blocks.py), remat, KV-cache decoding with left 
 through the real train step, the Hugging Face Llama export in transformers, and the sharded step."""
 import dataclasses
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from andrea_jax.serve import export, generate as gen, load
 from andrea_jax.train import optim, steps
 
 import _ref_blocks as ref
+from _devices import cpu_devices_env
 from test_generate import perturbed_params
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -345,8 +345,7 @@ def test_sharding_rules_cover_every_llama_param():
 
 
 def test_sharded_llama_step_equals_one_device():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "llama_sharded_main.py")], env=env,
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "llama_sharded_main.py")], env=cpu_devices_env(8),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     for shape in ["(2, 2, 2)", "(1, 2, 4)"]:

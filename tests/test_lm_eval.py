@@ -66,8 +66,11 @@ def test_local_tasks_score_every_request_as_the_project_and_a_plain_forward_pass
         got = [tuple(resp[0]) for s in samples for resp in s["resps"]]  # (log-likelihood, is greedy)
         ours = scoring.loglikelihood(lm.loaded, flat)
         assert [greedy for _, greedy in got] == [greedy for _, greedy in ours]
-        # measured bit-equal: the adapter returns scoring.loglikelihood's floats
-        assert [ll for ll, _ in got] == [ll for ll, _ in ours]
+        # The adapter returns scoring.loglikelihood's floats, but lm-eval hands it both tasks'
+        # requests in batches of 16 where this call scores one task's in batches of 32: other
+        # batch shapes. Measured bit-equal natively, AVX2, SSE4_2; allowed: the bound of the plain
+        # forward's other batch shape below.
+        np.testing.assert_allclose([ll for ll, _ in got], [ll for ll, _ in ours], rtol=0, atol=2e-5)
         plain = []
         for context, continuation in flat:
             ctx, cont = scoring.encode_pair(lm.loaded.tokenizer, context, continuation)
@@ -75,7 +78,7 @@ def test_local_tasks_score_every_request_as_the_project_and_a_plain_forward_pass
             plain.append(forward_logprobs(lm.loaded, window)[-len(cont):].sum(dtype=np.float64))
         # measured max |difference| 1.9e-6 (128 choices, log-likelihoods down to -158.5 nats) and
         # 9.5e-7 (34 last words, down to -38.4): one right-padded forward of 32 tokens against the
-        # scorer's bucketed batches, float32 rounding
+        # scorer's bucketed batches, float32 rounding (the same natively, AVX2, SSE4_2)
         np.testing.assert_allclose([ll for ll, _ in got], plain, rtol=0, atol=2e-5)
         assert len(set(np.round(plain, 3))) > len(plain) // 2  # distinct scores: a mix-up would show
     # The per-document metrics lm-eval derives from those scores are the project's definitions.

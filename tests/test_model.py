@@ -82,6 +82,7 @@ def test_causality():
     for t in (0, 5, 10):
         changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 7) % SMALL.vocab_size)
         other = apply(params, changed, [1.0, 1.0, 1.0])
+        # exact by construction: the same executables, and the masked scores add exact zeros
         np.testing.assert_array_equal(np.asarray(other[:, : t + 1]), np.asarray(logits[:, : t + 1]))
         assert not np.allclose(other[:, t + 1:], logits[:, t + 1:])
 
@@ -140,7 +141,8 @@ def test_bf16_logits_backward_runs_bf16_matmuls_with_float32_accumulation():
     loss = lambda f: lambda y, w: jnp.sum(jnp.square(f(y, w) - target))
     plain = lambda y, w: layers.token_matmul(y, w, preferred_element_type=jnp.float32)
     assert layers.logits_matmul(y, w).dtype == jnp.float32
-    np.testing.assert_array_equal(layers.logits_matmul(y, w), plain(y, w))  # same forward
+    # same forward, exact by construction: the custom_vjp's forward is token_matmul itself
+    np.testing.assert_array_equal(layers.logits_matmul(y, w), plain(y, w))
 
     # the backward's matmuls are the grad's own equations (the forward sits in the custom_vjp call)
     jaxpr = jax.make_jaxpr(jax.grad(loss(layers.logits_matmul), argnums=(0, 1)))(y, w)
@@ -157,7 +159,7 @@ def test_bf16_logits_backward_runs_bf16_matmuls_with_float32_accumulation():
         assert g.dtype == jnp.bfloat16
         err = float(jnp.max(jnp.abs(g.astype(jnp.float32) - r.astype(jnp.float32))) / jnp.max(jnp.abs(r.astype(jnp.float32))))
         assert err < 1e-2, err
-    # float32 operands: the plain dot, gradients bit for bit
+    # float32 operands: logits_matmul is token_matmul, the same program: gradients bit for bit
     y32, w32 = y.astype(jnp.float32), w.astype(jnp.float32)
     for g, r in zip(jax.grad(loss(layers.logits_matmul), argnums=(0, 1))(y32, w32),
                     jax.grad(loss(plain), argnums=(0, 1))(y32, w32)):

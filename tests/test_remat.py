@@ -39,11 +39,13 @@ def test_each_policy_gives_the_gradients_of_none(remat):
     loss, vjp = loss_and_vjp(remat)
     ref_loss, ref_vjp = loss_and_vjp("none")
     (grads,), (ref_grads,) = vjp(jnp.float32(1)), ref_vjp(jnp.float32(1))
-    assert float(loss) == float(ref_loss)  # remat changes only the backward: measured bit-equal (5.353148)
+    # Remat changes only the backward, but the forward is another program (the blocks under
+    # jax.checkpoint): measured bit-equal natively, AVX2, SSE4_2; ~10 float32 ulps allowed.
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-6)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         # Recomputation reorders float32 sums: measured max |difference| 4.3e-7 to 4.5e-7 (full)
         # and 3.8e-7 to 4.7e-7 (dots) of the largest gradient (CPU, jax 0.10.2, two versions of
-        # the block); a wrong recompute is O(1).
+        # the block; the same or less under AVX2 and SSE4_2); a wrong recompute is O(1).
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * float(np.abs(b).max()))
 
 

@@ -208,7 +208,7 @@ def test_non_finite_loss_is_reported_never_checkpointed_and_skipping_may_be_swit
     params = load.load(workdir=tmp_path).params
     assert all(np.all(np.isfinite(np.asarray(p))) for p in jax.tree.leaves(params))
 
-    # The README's way past a NaN: the same run with optim.skip_nonfinite=true is accepted without
+    # docs/TRAINING.md's way past a NaN: the same run with optim.skip_nonfinite=true is accepted without
     # --allow-schedule-change, resumes at step 2 and skips every non-finite update from there (this
     # diverged run never recovers: steps 3-8 are all skipped, 6 in a row, under the limit of 10).
     skipping = diverging(tok_path, "train.steps=8", "train.log_every=1", "train.checkpoint_every=2",
@@ -266,46 +266,85 @@ def test_sigint_checkpoints_and_exits_130(tmp_path, tok_path):
     assert len(np.load(tmp_path / "run" / "step_losses.npy")) == step
 
 
-def test_a_second_sigint_stops_at_once_without_the_checkpoint(tmp_path, tok_path):
+# Starts the command with SIGINT ignored, as `cmd &` in a script, nohup-like wrappers and some
+# schedulers do: the ignored disposition survives exec, so the run inherits it.
+IGNORING_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                   "os.execv(sys.argv[1], sys.argv[1:])"]
+
+
+def second_signal_run(tmp_path, tok_path, signum, prefix=()):
+    """The slow-save run: `signum` once a metric line is written (the step finishes, then the save
+    starts, for 10 minutes), `signum` again once the save started. (log, exit code, seconds from
+    the second signal to the exit)."""
     settings = TOY + prores(150) + ["train.steps=300", "train.log_every=5", "train.eval_every=100",
                                     "train.checkpoint_every=100", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
     workdir = tmp_path / "run"
     workdir.mkdir()
     log = (tmp_path / "run.log").open("w")
-    proc = subprocess.Popen(slow_save_command(workdir, settings), stdout=log, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env={**os.environ, "XLA_FLAGS": "", "ANDREA_CACHE": str(tmp_path / "cache")})
+    proc = subprocess.Popen([*prefix, *slow_save_command(workdir, settings)], stdout=log, stderr=subprocess.STDOUT,
+                            text=True, cwd=ROOT,
+                            env={**os.environ, "XLA_FLAGS": "", "ANDREA_CACHE": str(tmp_path / "cache")})
     proc.log = log.name
     try:
         wait_for_a_metric_line(workdir, [proc])
-        os.kill(proc.pid, signal.SIGINT)  # the first: finish the step, then save (for 10 minutes)
+        os.kill(proc.pid, signum)  # the first: finish the step, then save (for 10 minutes)
         wait_for_text(proc, "slow save started")
-        os.kill(proc.pid, signal.SIGINT)  # the second: stop now
-        out = finish(proc, timeout=120)   # long before the save would end
+        sent = time.monotonic()
+        os.kill(proc.pid, signum)  # the second: stop now
+        out = finish(proc, timeout=120)  # long before the save would end
+        seconds = time.monotonic() - sent
     finally:
         if proc.poll() is None:  # a second signal that did not stop it
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, out[-3000:]
-    assert "SIGINT: stopping after this step" in out
+    assert Workdir(workdir).checkpoint_steps() == [], out[-3000:]
+    return out, proc.returncode, seconds
+
+
+def test_a_second_sigint_stops_at_once_without_the_checkpoint(tmp_path, tok_path):
+    out, code, seconds = second_signal_run(tmp_path, tok_path, signal.SIGINT)
+    assert code == 130 and seconds < 5, (seconds, out[-3000:])
+    assert "SIGINT: stopping after this step, with a checkpoint (send it again to stop at once)" in out
     assert out.strip().splitlines()[-1] == "error: interrupted"
-    assert "stopped by SIGINT" not in out and Workdir(workdir).checkpoint_steps() == []
+    assert "stopped by SIGINT" not in out
 
 
-def test_a_second_signal_gets_the_handler_that_was_installed_before():
+def test_a_second_sigterm_stops_at_once_without_the_checkpoint(tmp_path, tok_path):
+    out, code, seconds = second_signal_run(tmp_path, tok_path, signal.SIGTERM)
+    assert code == 143 and seconds < 5, (seconds, out[-3000:])
+    assert "SIGTERM: stopping after this step, with a checkpoint (send it again to stop at once)" in out
+    assert out.strip().splitlines()[-1] == "error: terminated"
+    assert "stopped by SIGTERM" not in out
+
+
+def test_a_run_started_with_sigint_ignored_still_stops_on_the_second_sigint(tmp_path, tok_path):
+    out, code, seconds = second_signal_run(tmp_path, tok_path, signal.SIGINT, prefix=IGNORING_SIGINT)
+    assert code == 130 and seconds < 5, (seconds, out[-3000:])
+    assert "SIGINT: stopping after this step" in out and out.strip().splitlines()[-1] == "error: interrupted"
+
+
+def test_the_first_signal_is_recorded_and_uninstall_restores_the_handlers_before():
+    """In-process, the first signal only (a second one ends the process: test_signals.py)."""
     calls = []
     before = lambda signum, frame: calls.append(signum)
-    previous = signal.signal(signal.SIGTERM, before)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, before),
+                signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    wakeup_before = signal.set_wakeup_fd(-1)
     try:
         stop = preemption.StopRequests().install()
+        watcher_fd = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(watcher_fd)
+        assert watcher_fd != -1  # the watcher's pipe, while installed
         signal.raise_signal(signal.SIGTERM)
         assert stop.signum == signal.SIGTERM and calls == []  # the first is only recorded
         assert stop.agreed(at_sync_point=False) == signal.SIGTERM  # one process: stop after this step
-        signal.raise_signal(signal.SIGTERM)
-        assert calls == [signal.SIGTERM]  # the second goes where it went before the run
         stop.uninstall()
-        assert signal.getsignal(signal.SIGTERM) is before
+        assert signal.getsignal(signal.SIGTERM) is before and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.set_wakeup_fd(-1) == -1  # as it was found
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        signal.set_wakeup_fd(wakeup_before)
 
 
 def test_skip_nonfinite_counts_skipped_updates_and_goes_on_until_stuck(tmp_path, tok_path):

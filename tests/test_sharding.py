@@ -27,13 +27,14 @@ from andrea_jax import model as model_lib
 from andrea_jax.model import prores
 from andrea_jax.train import sharding, steps
 from andrea_jax.config import Config, ConfigError, MeshConfig, ModelConfig, OptimConfig, ProResConfig, TrainConfig
+from _devices import cpu_devices_env
 from _jaxpr import all_eqns
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def devices_env(n: int) -> dict:
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+    return cpu_devices_env(n)
 
 
 def run_main(section: str):

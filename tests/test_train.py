@@ -80,7 +80,7 @@ def test_same_seed_same_losses_other_seed_other_losses(tmp_path):
         "prores.schedule=linear", "prores.warmup=2"])  # alphas from [0, 0] at step 1 to [1, 0.75] at step 4
     run = lambda c, d: [l["loss"] for l in trainer.train(c, tmp_path / d, show_progress=False)]
     first, second = run(cfg, "a"), run(cfg, "b")
-    assert first == second
+    assert first == second  # exact by construction: the same compiled step on the same batches
     other = run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=1)), "c")
     assert other != first
 
@@ -115,14 +115,6 @@ def test_evaluation_reports_bits_per_byte_of_the_scored_text(tok_path):
     n_bytes = sum(len(tok_lib.decode(tok, row[1:]).encode("utf-8")) for b in batches for row in b)
     assert abs(got["val_loss"] - nll / (3 * 4 * 32)) < 1e-5
     assert abs(got["val_bpb"] - nll / np.log(2) / n_bytes) < 1e-5
-
-
-def test_readme_opens_with_the_two_commands_and_ci_runs_the_second():
-    import pathlib
-    root = pathlib.Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
-    assert len(readme) == 2 and "train.py --config tiny" in readme[0]
-    assert readme[1] in (root / ".ci" / "run").read_text().splitlines()
 
 
 def test_andrea_120m_on_the_embedded_corpus_stops_in_one_line_and_its_smoke_override_runs(tmp_path):

@@ -57,7 +57,9 @@ def one_step_from_the_same_state():
 def test_each_block_s_update_is_its_factor_times_adamw_s(one_step_from_the_same_state, mode, factor):
     before, plain, plain_loss = one_step_from_the_same_state["none"]
     _, scaled, loss = one_step_from_the_same_state[mode]
-    assert loss == plain_loss  # the forward pass does not depend on the scaling
+    # The forward pass does not depend on the scaling; the two train steps are other programs:
+    # measured bit-equal natively, AVX2, SSE4_2; ~10 float32 ulps allowed.
+    np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
     for name in before["blocks"]:
         want = plain["blocks"][name] - before["blocks"][name]
         got = scaled["blocks"][name] - before["blocks"][name]
@@ -70,13 +72,17 @@ def test_each_block_s_update_is_its_factor_times_adamw_s(one_step_from_the_same_
                                        atol=2e-7 * np.abs(before["blocks"][name][l]).max(), err_msg=f"{name} {l}")
     for name in before:
         if name != "blocks":  # embeddings, final norm: AdamW's update, untouched
-            np.testing.assert_array_equal(scaled[name], plain[name], err_msg=name)
+            # Other programs (measured bit-equal natively, AVX2, SSE4_2): rounding allowed, the
+            # blocks' bound; a scaled update would be off by O(update), 4e-3 to 7e-3 here.
+            np.testing.assert_allclose(scaled[name], plain[name], rtol=1e-6,
+                                       atol=2e-7 * np.abs(before[name]).max(), err_msg=name)
 
 
 def test_a_block_at_alpha_zero_does_not_move(one_step_from_the_same_state):
     for mode in ("alpha", "sqrt_alpha"):
         before, after, _ = one_step_from_the_same_state[mode]
         for name in before["blocks"]:
+            # exact by construction: the parameter plus an update multiplied by alpha = 0
             np.testing.assert_array_equal(after["blocks"][name][2], before["blocks"][name][2], err_msg=name)
             assert not np.array_equal(after["blocks"][name][0], before["blocks"][name][0]), name
 

@@ -43,9 +43,10 @@ import sys
 import time
 from typing import Sequence
 
+from andrea_jax import signals
 from andrea_jax.data import shard_writer, storage, tokenize, token_shards, tokenizer as tokenizer_lib
 from andrea_jax.data.corpus_units import assign_shards, plan_units
-from andrea_jax.errors import DataError
+from andrea_jax.errors import DataError, MissingExtraError, is_missing
 
 SOURCES = ("files", "hf-jsonl", "tfds")
 RUNNERS = {"direct": "DirectRunner", "dask": "apache_beam.runners.dask.dask_runner.DaskRunner",
@@ -88,6 +89,17 @@ def _existing_tokenizer(out, given: str | None):
 
 def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
     """Runs (or skips, when complete) the preparation; returns the manifest."""
+    # Before anything is read or written. Beam's import warns, on the root logger, that a Google
+    # client (apitools) that no preparation uses is absent: that line is dropped.
+    logging.disable(logging.WARNING)
+    try:
+        from andrea_jax.data import beam_pipeline
+    except ImportError as err:
+        if not is_missing(err, "apache_beam"):
+            raise
+        raise MissingExtraError("andrea-prepare", "beam") from None
+    finally:
+        logging.disable(logging.NOTSET)
     out = storage.path(args.out, "--out")
     out = out if storage.is_remote(out) else out.expanduser().resolve()
     units, sizes, source_key, name = plan_units(args)
@@ -118,8 +130,6 @@ def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
     plan = {"out": str(out), "shards": args.shards, "units": units, "name": name, "source_key": source_key,
             "assignment": assign_shards(sizes, args.shards)}
     _remove_half_written(out)
-    from andrea_jax.data import beam_pipeline
-
     with _scheduler(args) as address:
         options = beam_pipeline.beam_options(RUNNERS[args.runner], args.workers, beam_extra, address)
         if tok_json is None:   # phase 1: the tokenizer, saved where phase 2's workers read it
@@ -191,6 +201,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@signals.command  # a second SIGINT or SIGTERM stops the process at once, whatever it is doing
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, beam_extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
@@ -203,9 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         manifest = run_pipeline(args, beam_extra)
-    except DataError as e:
+    except (DataError, MissingExtraError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     except Exception as e:  # a worker's DataError comes back inside the runner's own exception
         line = _data_error_line(e)
         if line is None:

@@ -113,10 +113,7 @@ def plan_units(args) -> tuple[list[tuple], list[int], str, str]:
     if args.source in ("files", "hf-jsonl"):
         if not args.path:
             raise DataError(f"--source {args.source} needs --path (a folder, file or glob)")
-        try:
-            files = documents.find_files(args.path) if args.source == "files" else _hf_files(args.path)
-        except DataError as e:  # find_files speaks of the training config's key
-            raise DataError(str(e).replace("data.path", "--path")) from None
+        files = documents.find_files(args.path, "--path") if args.source == "files" else _hf_files(args.path)
         from andrea_jax.data.tfds_builder import files_key
 
         name = str(files[0]) if len(files) == 1 else f"{args.path} ({len(files)} files)"

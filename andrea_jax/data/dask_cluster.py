@@ -10,7 +10,7 @@ import importlib.metadata
 import logging
 from typing import Iterator
 
-from andrea_jax.errors import DataError
+from andrea_jax.errors import DataError, MissingExtraError, is_missing
 
 PACKAGE = "andrea-jax"
 
@@ -20,8 +20,10 @@ def scheduler(address: str | None, workers: int, timeout_s: float = 30.0) -> Ite
     """The address of the scheduler to run on, for the duration of the block."""
     try:
         import distributed
-    except ImportError:
-        raise DataError("--runner dask needs Dask: pip install -e '.[dask]'") from None
+    except ImportError as err:
+        if not is_missing(err, "distributed", "dask"):
+            raise
+        raise MissingExtraError("andrea-prepare --runner dask", "dask") from None
     # Set after the import, which configures it: the scheduler of a local cluster logs every step at INFO.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     if address is None:

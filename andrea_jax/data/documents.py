@@ -17,19 +17,19 @@ SUFFIXES = (".txt", ".jsonl")
 _REPLACEMENT_UTF8 = "\ufffd".encode()
 
 
-def find_files(pattern: str) -> list[pathlib.Path]:
+def find_files(pattern: str, setting: str = "data.path") -> list[pathlib.Path]:
     """The sorted .txt / .jsonl files named by a file, a folder (read recursively) or a glob, local
-    or gs:// (storage.py)."""
+    or gs:// (storage.py); `setting` names the pattern in errors (data.path, prepare's --path)."""
     from andrea_jax.data import storage
 
-    path = storage.path(pattern, "data.path")
+    path = storage.path(pattern, setting)
     if storage.is_remote(path):
-        return storage.find_files(pattern, tuple(SUFFIXES), "data.path", ".txt or .jsonl")
+        return storage.find_files(pattern, tuple(SUFFIXES), setting, ".txt or .jsonl")
     path = path.expanduser()
     if any(c in pattern for c in "*?["):
         files = sorted(p for p in map(pathlib.Path, glob.glob(str(path), recursive=True)) if p.is_file())
         if not files:
-            raise DataError(f"data.path {pattern!r} matches no files")
+            raise DataError(f"{setting} {pattern!r} matches no files")
     elif path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
         if not files:
@@ -37,7 +37,7 @@ def find_files(pattern: str) -> list[pathlib.Path]:
     elif path.is_file():
         files = [path]
     else:
-        raise DataError(f"data.path {pattern!r}: no such file or folder")
+        raise DataError(f"{setting} {pattern!r}: no such file or folder")
     for p in files:
         if p.suffix not in SUFFIXES:
             raise DataError(f"{p}: not a .txt or .jsonl file")

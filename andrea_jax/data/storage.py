@@ -13,7 +13,7 @@ import os
 import pathlib
 import shutil
 
-from andrea_jax.errors import DataError
+from andrea_jax.errors import DataError, MissingExtraError, is_missing
 
 SUPPORTED = "local paths and gs://BUCKET/PATH"
 _COPY_CHUNK = 16 << 20
@@ -28,6 +28,12 @@ def path(p, what: str = "path"):
     scheme = text.split("://", 1)[0]
     if scheme != "gs":
         raise DataError(f"{what} {text}: {scheme}:// is not supported, only {SUPPORTED}")
+    try:  # here, not at epath's first access, which fails deep inside fsspec
+        import gcsfs  # noqa: F401
+    except ImportError as err:
+        if not is_missing(err, "gcsfs"):
+            raise
+        raise MissingExtraError(f"{what} {text}", "gcs") from None
     from etils import epath
 
     return epath.Path(text)

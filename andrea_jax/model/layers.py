@@ -21,7 +21,7 @@ from andrea_jax import kernels
 from andrea_jax.config import ModelConfig
 
 
-# Logical axis names (mapped to mesh axes only in andrea_jax.sharding):
+# Logical axis names (mapped to mesh axes only in andrea_jax.train.sharding):
 #   batch, seq: an activation's rows and positions    act_embed: the residual stream's width D
 #   embed: a matrix's D dimension                     heads: attention's D as H heads x K
 #   qkv: the fused [q|k|v] columns (3D)               mlp: the MLP's hidden width F
@@ -50,7 +50,7 @@ def token_matmul(x_BTI, w_I_O, **kwargs):
     2-D matrix. The same products as on [B, T, I]; but the weight's gradient then contracts one
     axis (rows) instead of two (batch, seq), and XLA's CPU backend runs that dot on its operands
     as they lie, where for two axes it first copies the cotangent into a transposed buffer: one
-    copy per projection per layer, and one of the whole logits (issue 10; benchmarks/
+    copy per projection per layer, and one of the whole logits (benchmarks/
     profile_backward.py shows them)."""
     *lead, I = x_BTI.shape
     out = jnp.tensordot(x_BTI.reshape(-1, I), w_I_O, axes=1, **kwargs)

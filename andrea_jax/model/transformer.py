@@ -349,7 +349,7 @@ class Andrea(nn.Module):
 
 def init_boxed(cfg: ModelConfig, rng, impl: str = "auto"):
     """The variables of a freshly initialised model, each in flax's box carrying its logical axis
-    names (andrea_jax.sharding reads them from an eval_shape of this)."""
+    names (andrea_jax.train.sharding reads them from an eval_shape of this)."""
     tokens = jnp.zeros((1, min(8, cfg.seq_len)), jnp.int32)
     return Andrea(cfg, impl).init(rng, tokens, jnp.ones((cfg.n_layer,), jnp.float32))
 

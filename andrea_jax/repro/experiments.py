@@ -112,7 +112,7 @@ POST_LN_T_SWEEP = dataclasses.replace(
     precheck_steps=0,
 )
 
-# Issue 18: prores.scale_updates multiplies block l's AdamW update by alpha_l (or its square root),
+# prores.scale_updates multiplies block l's AdamW update by alpha_l (or its square root),
 # a deviation from the paper. Arms: the paper's linear ProRes and the two scalings, beside none.
 _SCALED_ARMS = {"none": ("prores.schedule=none",), "linear": ("prores.schedule=linear",),
                 "linear_alpha": ("prores.schedule=linear", "prores.scale_updates=alpha"),
@@ -195,8 +195,7 @@ def _depth_scaled(n_layer: int) -> Experiment:
 # One GPU experiment, sized for about 15 minutes of one H200: Post-LN at depth 24 and width 512,
 # T L = 12x the LR warmup (the paper's ratio, 24,000 / 2,000 steps). Its runs are train.py on the
 # embedded corpus, so the machine needs the data stack (grain, tensorflow-datasets, array-record,
-# tokenizers); the lent H200 has none of the first three, which then travel as wheels
-# (../.library/device/README.md). Not yet run on a GPU: its size is a plan, not a measurement.
+# tokenizers), installed there first. Not yet run on a GPU: its size is a plan, not a measurement.
 GPU_POST_LN = Experiment(
     name="gpu_postln",
     title="GPU: Post-LN at depth 24, width 512, linear ProRes with and without update scaling",

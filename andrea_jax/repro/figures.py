@@ -1,6 +1,6 @@
 """The reproduction's figures, one function each: loss by arm with a seed band, escape rates,
 the block-1 / block-L gradient ratio over training, activation growth with depth, and the
-mechanism of issue 18 (unscaled branch ratios and update-to-parameter ratios over training)."""
+mechanism behind prores.scale_updates (unscaled branch ratios and update-to-parameter ratios over training)."""
 from __future__ import annotations
 
 import pathlib

@@ -66,7 +66,7 @@ def run_summary(workdir) -> dict:
     branch = {k: float(np.median(curve(lines, f"{k}_ratio")[1][-1])) if len(curve(lines, f"{k}_ratio")[0])
               else nan for k in ("attn", "mlp")}
     finite_ratio = ratio[np.isfinite(ratio) & (ratio > 0)]
-    # The mechanism of issue 18: how large the branches have grown half-way through the ProRes
+    # The mechanism behind prores.scale_updates: how large the branches have grown half-way through the ProRes
     # warmup (step T L / 2), before alpha lets the stream see them, and how fast the last block moves.
     steps_b, unscaled = curve(lines, "mlp_branch_ratio")
     _, update = curve(lines, "update_ratio")

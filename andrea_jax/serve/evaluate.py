@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, signals
 from andrea_jax.errors import AndreaError
 from andrea_jax.serve import load
 from andrea_jax.serve.scoring import DEFAULT_BATCH, Perplexity, score_stream
@@ -100,6 +100,7 @@ def _positive(text: str) -> int:
     return value
 
 
+@signals.command  # a second SIGINT or SIGTERM stops the process at once, whatever it is doing
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m andrea_jax.evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

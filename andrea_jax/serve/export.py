@@ -136,7 +136,7 @@ def llama_state_dict(loaded: LoadedModel, flat: dict[str, np.ndarray], alphas: n
 
 def _andrea_entry(loaded: LoadedModel, alphas: np.ndarray, note: str) -> dict:
     m = loaded.cfg.model
-    family = {"family": m.family} if m.family != "gpt2" else {}  # a gpt2 export's entry as before the families
+    family = {"family": m.family} if m.family != "gpt2" else {}  # gpt2, the default, is left implicit
     return {"step": loaded.step, **family, "norm": m.norm, "gates": m.gates,
             "prores_schedule": loaded.cfg.prores.schedule, "prores_warmup": loaded.cfg.prores.warmup,
             "folded_alphas": [float(a) for a in alphas], "note": note}

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from andrea_jax import model as model_lib
+from andrea_jax import model as model_lib, signals
 from andrea_jax.data import tokenizer as tokenizer_lib
 
 
@@ -134,7 +134,7 @@ def generate(loaded, prompts, *, max_new_tokens: int, temperature: float = 0.0, 
              top_p: float = 1.0, seed: int = 0, stop_at_eot: bool = True, on_token=None,
              impl: str | None = None) -> list[list[int]]:
     """New token ids for each prompt (lists of ids), decoded together; a row stops before its EOT
-    when stop_at_eot. `loaded` is an andrea_jax.load.LoadedModel. `on_token(id)` is called
+    when stop_at_eot. `loaded` is an andrea_jax.serve.load.LoadedModel. `on_token(id)` is called
     with each new token of the first row as it is produced (streaming; for a single prompt)."""
     cfg = loaded.cfg.model
     eot = tokenizer_lib.eot_id(loaded.tokenizer)
@@ -215,6 +215,7 @@ def closing_sample(cfg, run_dir, state, tokenizer, *, has_checkpoint: bool) -> N
     print("--- sample ---\n" + prompt + tokenizer_lib.decode(tokenizer, new) + "\n--------------", flush=True)
 
 
+@signals.command  # a second SIGINT or SIGTERM stops the process at once, whatever it is doing
 def main(argv=None) -> int:
     from andrea_jax.serve import load
 

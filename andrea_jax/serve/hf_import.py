@@ -12,7 +12,7 @@ attention, biases or a tied head, at rope_theta 10000, and the same norm epsilon
 pre-norm without gates or QK-norm (what the export writes). A mismatch is one line naming it.
 
 The weights are the blocks' unscaled branches: what ProRes does with them is the run's schedule
-(README, "Continue from Hugging Face weights").
+(docs/EVALUATION.md, "Continue from Hugging Face weights").
 """
 from __future__ import annotations
 

@@ -21,11 +21,21 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
-
+from andrea_jax.errors import MissingExtraError, is_missing
 from andrea_jax.serve import load, scoring
 from andrea_jax.data import tokenizer as tokenizer_lib
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+    HAVE_LM_EVAL = True
+except ImportError as err:
+    if not is_missing(err, "lm_eval"):
+        raise
+    # Without the eval extra the module still imports, so that `andrea-lm-eval` can say in one line
+    # what to install (main); AndreaLM then refuses to be built.
+    HAVE_LM_EVAL = False
+    LM, register_model = object, lambda name: (lambda cls: cls)
 
 DEFAULT_MAX_GEN_TOKS = 256   # lm-eval's HF model's default
 TASKS_DIR = pathlib.Path(__file__).resolve().parents[2] / "tasks" / "lm_eval"  # the repository's tasks/
@@ -51,7 +61,9 @@ def cut_at_stop(text: str, until) -> str:
 class AndreaLM(LM):
     def __init__(self, workdir=None, export=None, step=None, batch_size=scoring.DEFAULT_BATCH,
                  impl=None, seed=0, max_batch_size=None, device=None, **unused):
-        """Loads through andrea_jax.load.load; `device` is ignored (JAX places the arrays)."""
+        """Loads through andrea_jax.serve.load.load; `device` is ignored (JAX places the arrays)."""
+        if not HAVE_LM_EVAL:
+            raise MissingExtraError("AndreaLM", "eval")
         super().__init__()
         self.loaded = load.load(workdir=None if workdir is None else str(workdir),
                                      export=None if export is None else str(export),
@@ -125,12 +137,19 @@ class AndreaLM(LM):
         return settings, until
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int | None:
     """lm_eval's command line with `andrea` registered (and the project's tasks, unless
     --include_path is given)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not HAVE_LM_EVAL:
+        missing = MissingExtraError("andrea-lm-eval", "eval")
+        if {"-h", "--help"} & set(argv):  # the help a user asks for first: what the command is, what it needs
+            print(f"usage: andrea-lm-eval [lm_eval's arguments]\n\n{main.__doc__}\n\n{missing}")
+            return 0
+        print(f"error: {missing}", file=sys.stderr)
+        return missing.exit_code
     from lm_eval.__main__ import cli_evaluate
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     if "--include_path" not in argv and not any(a.startswith("--include_path=") for a in argv) \
             and TASKS_DIR.is_dir():
         argv += ["--include_path", str(TASKS_DIR)]
@@ -139,4 +158,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -27,7 +27,7 @@ def layer_norms(stacked_tree) -> jnp.ndarray:
 def update_ratios(new_stacked_tree, old_stacked_tree) -> jnp.ndarray:
     """[L]: RMS(update of layer l) / RMS(layer l's parameters before it), over all of the layer's
     parameters (equal counts, so the ratio of the L2 norms). Adam's update does not shrink with
-    the alpha that scales a block's gradient; this shows it (issue 18)."""
+    the alpha that scales a block's gradient; this shows it."""
     delta = jax.tree.map(lambda n, o: n.astype(jnp.float32) - o.astype(jnp.float32), new_stacked_tree, old_stacked_tree)
     return layer_norms(delta) / layer_norms(old_stacked_tree)
 

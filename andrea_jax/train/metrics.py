@@ -12,7 +12,8 @@ import secrets
 import jax
 import numpy as np
 
-from andrea_jax.config import Config, ConfigError
+from andrea_jax.config import Config
+from andrea_jax.errors import MissingExtraError, is_missing
 from andrea_jax.workdir import Workdir
 
 
@@ -53,8 +54,10 @@ def write_tensorboard(writer, line: dict) -> None:
 def import_wandb():
     try:
         import wandb
-    except ImportError:
-        raise ConfigError("diagnostics.wandb needs the wandb package: pip install -e \".[wandb]\"") from None
+    except ImportError as err:
+        if not is_missing(err, "wandb"):
+            raise
+        raise MissingExtraError("diagnostics.wandb", "wandb") from None
     return wandb
 
 

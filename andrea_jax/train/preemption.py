@@ -1,23 +1,26 @@
 """Stopping a run cleanly on SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C).
 
 The handler only records the signal; the training loop asks between steps whether to stop, so
-the step in flight completes and is checkpointed. A second signal gets the default behaviour
-(Ctrl-C twice stops at once). In a multi-process run every process must stop after the same
-step, so they agree on the request with one tiny all-gather, made only at the steps where the
-loop already waits for the devices (log and checkpoint steps); a single process stops after the
-very step during which the signal came.
+the step in flight completes and is checkpointed. A second signal stops the process at once, exit
+128 + N without that checkpoint, whichever thread receives it and whatever the main thread is
+blocked in (andrea_jax/signals.py counts signals in a thread of its own, since Python handlers run
+only in the main thread, between bytecodes). In a multi-process run every process must stop after
+the same step, so they agree on the request with one tiny all-gather, made only at the steps where
+the loop already waits for the devices (log and checkpoint steps); a single process stops after
+the very step during which the signal came.
 """
 from __future__ import annotations
 
 import signal
 import sys
-import threading
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from andrea_jax import signals
+
+SIGNALS = signals.SIGNALS
 
 
 class Stopped(Exception):
@@ -35,23 +38,21 @@ class Stopped(Exception):
 
 
 class StopRequests:
-    """Catches SIGTERM and SIGINT while installed (a context, or install / uninstall); only in
-    the main thread, elsewhere signals keep their handlers and `agreed` only reports other
-    processes' requests."""
+    """Catches SIGTERM and SIGINT while installed (a context, or install / uninstall): the first is
+    recorded, a second stops the process at once. Only in the main thread; elsewhere signals keep
+    their handlers and `agreed` only reports other processes' requests. uninstall restores the
+    handlers that were there before."""
 
     def __init__(self):
         self.signum = 0
-        self._previous = {}
+        self._first = signals.FirstSignal(self._handle)
 
     def install(self) -> "StopRequests":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        self._first.install()
         return self
 
     def uninstall(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous = {}
+        self._first.uninstall()
 
     def __enter__(self):
         return self.install()
@@ -60,8 +61,7 @@ class StopRequests:
         self.uninstall()
 
     def _handle(self, signum, frame):
-        self.signum = self.signum or signum
-        signal.signal(signum, self._previous.get(signum) or signal.SIG_DFL)
+        self.signum = signum
         print(f"\n{signal.Signals(signum).name}: stopping after this step, with a checkpoint "
               f"(send it again to stop at once)", file=sys.stderr, flush=True)
 

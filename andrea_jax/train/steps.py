@@ -1,7 +1,7 @@
 """The jitted pieces of training: the train state, the loss, the train and eval steps, with the
-shardings of andrea_jax.sharding over a (data, fsdp, tensor) mesh. ProRes alphas are computed
+shardings of andrea_jax.train.sharding over a (data, fsdp, tensor) mesh. ProRes alphas are computed
 inside the step from `state.step`, so a new step never recompiles. Needs only jax, flax and optax:
-GPU benchmarks use it without the data stack (andrea_jax.trainer adds the loop, data, logging and
+GPU benchmarks use it without the data stack (andrea_jax.train.loop adds the loop, data, logging and
 checkpoints).
 
 The state is created in its shardings (a jitted init with out_shardings: no replicated copy
@@ -96,7 +96,7 @@ def create_state(cfg: Config, rng, mesh: jax.sharding.Mesh) -> train_state.Train
 
 
 def make_mesh(cfg: Config | None = None, devices=None) -> jax.sharding.Mesh:
-    """The (data, fsdp, tensor) mesh of cfg.mesh (andrea_jax.sharding.make_mesh); with no config,
+    """The (data, fsdp, tensor) mesh of cfg.mesh (andrea_jax.train.sharding.make_mesh); with no config,
     every device on `data`."""
     return sharding.make_mesh(cfg, devices)
 

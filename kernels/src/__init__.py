@@ -40,7 +40,7 @@ def _backend(impl: str):
     if name == "pallas":
         from andrea_jax.kernels import pallas_ops
         return pallas_ops
-    from andrea_jax.kernels import triton_ops  # raises KernelUnavailableError naming what is missing
+    from andrea_jax.kernels import triton_ops  # raises KernelUnavailableError naming the missing extra
     triton_ops.check_available()
     return triton_ops
 

@@ -2,8 +2,8 @@
 
 Same contract and the same math as `kernels.pallas_ops` (2-D [rows, D] arrays, float32 statistics,
 partial row-sums per program summed by the caller), so `kernels.fused` wraps either one.
-Importing this module needs `triton` and `jax_triton`; the dispatch turns a failed import into
-a `KernelUnavailableError` naming the missing package.
+Importing this module needs `triton` and `jax_triton` (the cuda12 extra); without them it raises
+a `KernelUnavailableError` (a `MissingExtraError`) naming the extra.
 """
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ import pathlib
 import jax
 import jax.numpy as jnp
 
-from andrea_jax.errors import KernelUnavailableError
+from andrea_jax.errors import KernelExtraMissing, KernelUnavailableError, is_missing
 
 try:
     import jax_triton as jt
     import triton
     import triton.language as tl
-except ImportError as err:  # the CPU image and CI have neither
-    raise KernelUnavailableError(
-        f"kernels impl='triton' needs the packages `triton` and `jax-triton` (pip install "
-        f"jax-triton, with a CUDA build of jax); the import failed: {err}") from err  # err.name may be None
+except ImportError as err:  # an install without the cuda12 extra has neither
+    if not is_missing(err, "jax_triton", "triton"):
+        raise
+    raise KernelExtraMissing("kernels.impl=triton", "cuda12") from None
 
 from andrea_jax.kernels import pallas_ops, platform
 
