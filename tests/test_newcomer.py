@@ -3,7 +3,9 @@ in a Python that refuses every optional dependency (the CUDA plugin, jax-triton,
 transformers, lm-eval, Beam, Dask, W&B, gcsfs), and nothing at the repository root shadows a
 package that libraries probe for."""
 import json
+import os
 import pathlib
+import re
 import subprocess
 import sys
 import tomllib
@@ -64,17 +66,35 @@ def _env(tmp_path):
     return {**os.environ, "XLA_FLAGS": "", "ANDREA_CACHE": str(tmp_path / "cache")}
 
 
+def _site_packages_without(tmp_path, hidden: str) -> pathlib.Path:
+    """A copy, by links, of this venv's site-packages without the package `hidden` and its metadata:
+    the site-packages of a machine that never installed it (transformers 5.25 requires Hugging Face's
+    `kernels`; an older transformers, or a venv that removed it, has none)."""
+    import site
+    installed = pathlib.Path(next(p for p in site.getsitepackages() if pathlib.Path(p, "transformers").is_dir()))
+    farm = tmp_path / "site-packages"
+    farm.mkdir()
+    for entry in installed.iterdir():
+        if entry.name != hidden and not re.fullmatch(rf"{hidden}-[^-]+\.dist-info", entry.name):
+            (farm / entry.name).symlink_to(entry)
+    return farm
+
+
 def test_transformers_from_the_repository_root_sees_no_kernels_package(tmp_path):
-    """transformers probes for Hugging Face's `kernels` package; from the root (on sys.path) the
-    project's kernels/ folder must not pass for it, nor need jax."""
-    probe = ("from transformers import GPT2LMHeadModel, LlamaForCausalLM\n"
+    """transformers probes for Hugging Face's `kernels` package; on a machine without it, from the
+    root (on sys.path first) the project's kernels/ folder must not pass for it, nor need jax."""
+    probe = ("import sys\n"
+             "for name in ('jax', 'jaxlib', 'flax'):\n"
+             "    sys.modules[name] = None\n"
+             "from transformers import GPT2LMHeadModel, LlamaForCausalLM\n"
              "from transformers.utils.import_utils import is_kernels_available\n"
-             "print(is_kernels_available())")
-    env = refusing_env(tmp_path / "site", names=("jax", "jaxlib", "flax", "kernels_hub_absent"))
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+             "print(sys.path[0] == '', is_kernels_available())")
+    env = {**os.environ, "PYTHONPATH": str(_site_packages_without(tmp_path, "kernels"))}
+    # -S: no site-packages but the linked copy (and no .pth files, which the probe does not need)
+    proc = subprocess.run([sys.executable, "-S", "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "False"
+    assert proc.stdout.split()[-2:] == ["True", "False"]
 
 
 def test_an_installed_kernels_package_wins_over_the_root_folder(tmp_path):
