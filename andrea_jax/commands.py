@@ -43,5 +43,5 @@ def prepare() -> int:
 
 
 def aot() -> int:
-    from andrea_jax import aot as command  # starts jax itself, with the plugin registered for its targets
+    from andrea_jax.aot import __main__ as command  # starts jax itself, with the plugin registered for its targets
     return command.main()

@@ -2,7 +2,8 @@
 transformer that composes them in the paper's placements, and the ProRes schedules.
 
 `Andrea(cfg).apply(variables, tokens_BT, alphas_L)` is the whole contract; see transformer.py
-(the blocks and the model), layers.py (attention, MLP, layout) and prores.py (the schedules).
+(the placements, the block and the model), gpt2.py and llama.py (the families: a block's layers
+and the model's ends), layers.py (attention, MLP, layout) and prores.py (the schedules).
 """
 from andrea_jax.model.transformer import (OUTPUT_PROJECTIONS, PLACEMENTS, Andrea, Block, Output, count_params,
                                           deepnorm_beta, init, init_boxed, param_shapes)

@@ -1,5 +1,6 @@
 """model.family=llama: the official ProRes code's Llama block, in the same placements, inits,
-schedules, gates, remat and KV cache as the GPT-2 family (transformer.py composes both).
+schedules, gates, remat and KV cache as the GPT-2 family (gpt2.py, with the same two functions;
+transformer.py composes both).
 
     x = tok_embedding[ids]                       # no position table: RoPE rotates q and k
     for l in 1..L:  x = block_l(x)               # e.g. pre: x + a_l Attn(RMS(x)), x + a_l MLP(RMS(x))
@@ -74,9 +75,10 @@ def check_impl(impl: str) -> None:
         raise ValueError(f"kernels.impl={impl} has no RMSNorm or SwiGLU kernels for model.family=llama; use xla")
 
 
-def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, cache, rope):
+def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cache, rope):
     """Creates one llama block's parameters through the Block's `matrix` / `vector` factories and
-    returns its (attend, mlp, norm, residual_norm), as transformer._gpt2_sublayers does. The names
+    returns its (attend, mlp, norm, residual_norm), as gpt2.block_sublayers does (impl is always
+    xla here: `spine` checks it). The names
     follow the GPT-2 family's where the role is the same (the down projection is mlp_proj_kernel,
     so the output-projection inits scaled / ds / deepnorm treat it alike)."""
     D, F = cfg.d_model, cfg.mlp_ratio * cfg.d_model
@@ -107,10 +109,11 @@ def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, cache, rope):
     return attend, mlp, norm, residual_norm
 
 
-def spine(param, cfg: ModelConfig, tokens_BT, cache):
+def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str):
     """The ends of the llama model: (x_BTD, rope tables, head) where head(x_BTD) is the final
     RMSNorm and the untied head's logits over the padded vocabulary, float32. Positions are
-    0..T-1, or the cache's positions_BT (left-padded rows differ)."""
+    0..T-1, or the cache's positions_BT (left-padded rows differ). Refuses an impl other than xla."""
+    check_impl(impl)
     named = nn.with_logical_partitioning
     D, V = cfg.d_model, cfg.vocab_size
     tok_embedding_VD = param("tok_embedding", named(nn.initializers.normal(cfg.init_std * math.sqrt(D)),

@@ -1,41 +1,7 @@
-"""ANDREA: a GPT-2-style decoder whose blocks are scaled by ProRes alphas, in any of the paper's
-norm placements (ProRes paper, Table 1).
-
-    x = tok_embedding[ids] + pos_embedding[positions]
-    for l in 1..L:  x = block_l(x)        # e.g. pre: x + a_l Attn(LN(x)), then x + a_l MLP(LN(x))
-    logits = LN(x) @ tok_embedding.T
-
-The block stack is one `nn.scan` over `Block`: parameters are stacked on a leading layer axis,
-the carry is the residual stream and the scanned input is (alpha_l, l). The model knows nothing
-of steps, data or optimizers: `Andrea(cfg).apply(variables, tokens_BT, alphas_L)` is the whole
-contract, and it always returns an `Output(logits, stats, kv)`. With `Andrea(cfg,
-diagnostics=True)` the scan also emits per-layer statistics as its outputs (ys), in
-`Output.stats`; the flag is static, so a model without it computes none of them (stats is None). Parameters and the residual stream are float32 whatever `cfg.dtype`: only
-the inputs of the sublayers (attention, MLP) are cast to the compute dtype, and every branch is
-added to the stream in float32 with the same float32 alpha, so an early ProRes branch of alpha
-1e-3 is not rounded away by a bf16 stream. The logits are computed over the vocabulary padded to
-a multiple of VOCAB_ALIGN (an aligned matmul), accumulated in float32, and the padding is cut off
-before the softmax: the parameters, their count and checkpoints stay unpadded.
-
-Decoding with a KV cache: `apply(variables, tokens_BT, alphas_L, cache=KVCache(...))` writes the
-keys and values of `tokens_BT` into the cache at slot `cache.index` (one [B, S, H, K] slice per
-layer, carried through the same scan as its scanned input and output), attends over every filled
-slot and returns the updated `(k_LBSHK, v_LBSHK)` in `Output.kv`. Rows may be left-padded: `cache.positions_BT`
-gives each token's position and `cache.valid_BS` which slots hold real tokens.
-
-Placements are the small functions in `PLACEMENTS`, each a transcription of one row of the
-paper's table, over the sublayers and norms in `_Ops`. Inits (`cfg.init`) are in `_kernel_std`.
-With `cfg.gates == "learned"` each block also owns a trainable scalar g_l (init 0) and uses
-alpha_l * g_l in place of alpha_l (ReZero / SkipInit; with ProRes schedule `none`, exactly ReZero).
-The final LayerNorm is kept for every placement: after Post-LN and DeepNorm blocks it is a second
-norm of an already normalised stream, which keeps one parameter tree for all variants.
-
-Families (`cfg.family`): the above is gpt2; llama (llama.py) swaps the layers a block is made of
-(`llama.block_sublayers`: RMSNorm, bias-free attention with RoPE, SwiGLU) and the model's ends
-(`llama.spine`: no position table, an untied head) behind the same placements, scan and cache.
-
-Partitioning: parameters and key activations carry logical axis names (layers.py);
-`init` returns plain arrays, `init_boxed` keeps flax's boxes for andrea_jax.train.sharding.
+"""The placements of the paper's Table 1 (pre, post, sandwich, deepnorm, lns) over a family's sublayers
+(FAMILIES: gpt2.py, llama.py), `Block` (one layer, the scan's body) and `Andrea`, the model:
+`Andrea(cfg).apply(variables, tokens_BT, alphas_L) -> Output(logits, stats, kv)`. The contract, the
+KV cache and the float32 residual stream are described in docs/ARCHITECTURE.md, section "Numerics".
 """
 from __future__ import annotations
 
@@ -48,16 +14,12 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from andrea_jax import kernels
+from andrea_jax import config
 from andrea_jax.config import NORMS, ModelConfig
-from andrea_jax.model import layers, llama
-from andrea_jax.model.layers import (BLOCK_PARAM_AXES, STREAM_BTD, KVCache, constrain, logits_matmul,
-                                     padded_vocab)
+from andrea_jax.model import gpt2, llama
+from andrea_jax.model.layers import BLOCK_PARAM_AXES, STREAM_BTD, KVCache, constrain, padded_vocab
 
 OUTPUT_PROJECTIONS = ("attn_out_kernel", "mlp_proj_kernel")
-# lax.scan's `unroll` of the block stack. 1 (a loop) always, but for andrea_jax.aot's FLOP count:
-# XLA's cost analysis counts a loop's body once, so it lowers the program once more unrolled.
-SCAN_UNROLL: int | bool = 1
 
 
 class Output(typing.NamedTuple):
@@ -135,6 +97,13 @@ PLACEMENTS = {"pre": pre_block, "post": post_block, "sandwich": sandwich_block,
 # Norms each placement owns; sandwich adds a norm on the output of each sublayer.
 NORM_NAMES = {name: ("ln1", "ln2") for name in PLACEMENTS} | {"sandwich": ("ln1", "ln2", "ln1_out", "ln2_out")}
 assert tuple(PLACEMENTS) == NORMS
+# model.family -> its module, whose two functions have one signature each:
+#   block_sublayers(matrix, vector, cfg, norm_names, impl, cache, rope) -> (attend, mlp, norm, residual_norm)
+#   spine(param, cfg, tokens_BT, cache, impl) -> (x_BTD, rope, head)
+# the first creates a block's parameters through Block's factories; the second the embedding,
+# positions, final norm and head (rope: what every block's attention shares, None for gpt2).
+FAMILIES = {"gpt2": gpt2, "llama": llama}
+assert tuple(FAMILIES) == config.FAMILIES
 
 
 def deepnorm_beta(n_layer: int) -> float:
@@ -172,67 +141,6 @@ def _norm2(x):
     return jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32))))
 
 
-def _gpt2_sublayers(matrix, vector, cfg: ModelConfig, impl: str, cache):
-    """Creates one GPT-2 block's parameters and returns its (attend, mlp, norm, residual_norm).
-    Created in the spine's order (flax draws init keys in creation order): same seed, same init."""
-    D, F = cfg.d_model, cfg.mlp_ratio * cfg.d_model
-    zeros, ones = nn.initializers.zeros, nn.initializers.ones
-
-    def layer_norm_params(name):
-        return vector(f"{name}_scale", ones, D), vector(f"{name}_bias", zeros, D)
-
-    norms = {"ln1": layer_norm_params("ln1")}
-    qkv_kernel, qkv_bias = matrix("attn_qkv_kernel", (D, 3 * D)), vector("attn_qkv_bias", zeros, 3 * D)
-    out_kernel, out_bias = matrix("attn_out_kernel", (D, D)), vector("attn_out_bias", zeros, D)
-    norms["ln2"] = layer_norm_params("ln2")
-    fc_kernel, fc_bias = matrix("mlp_fc_kernel", (D, F)), vector("mlp_fc_bias", zeros, F)
-    proj_kernel, proj_bias = matrix("mlp_proj_kernel", (F, D)), vector("mlp_proj_bias", zeros, D)
-    norms |= {name: layer_norm_params(name) for name in NORM_NAMES[cfg.norm][2:]}
-    qk_gains = layers.qk_norm_gains(vector, cfg)
-
-    def attend(y_BTD):
-        return layers.attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg, cache, qk_gains=qk_gains)
-
-    def mlp(y_BTD):
-        return layers.mlp(y_BTD, fc_kernel, fc_bias, proj_kernel, proj_bias, cfg, impl)
-
-    def norm(name, x, y_dtype=None):
-        return kernels.layer_norm(x, *norms[name], eps=cfg.ln_eps, impl=impl, y_dtype=y_dtype)
-
-    def residual_norm(name, x, f, a, y_dtype=None):
-        return kernels.residual_layer_norm(x, f, a, *norms[name], eps=cfg.ln_eps, impl=impl, y_dtype=y_dtype)
-
-    return attend, mlp, norm, residual_norm
-
-
-def _gpt2_spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str):
-    """The ends of the GPT-2 model: (x_BTD, None, head), x the token embedding plus the learned
-    position embedding, head(x_BTD) the final LayerNorm and the logits of the tied embedding over
-    the padded vocabulary, float32."""
-    named = nn.with_logical_partitioning
-    normal = nn.initializers.normal(cfg.init_std)
-    tok_embedding_VD = param("tok_embedding", named(normal, ("vocab", "embed")),
-                             (cfg.vocab_size, cfg.d_model), jnp.float32)
-    pos_embedding_SD = param("pos_embedding", named(normal, ("seq", "embed")),
-                             (cfg.seq_len, cfg.d_model), jnp.float32)
-    lnf_scale = param("lnf_scale", named(nn.initializers.ones, ("act_embed",)), (cfg.d_model,), jnp.float32)
-    lnf_bias = param("lnf_bias", named(nn.initializers.zeros, ("act_embed",)), (cfg.d_model,), jnp.float32)
-    T = tokens_BT.shape[1]
-    positions = pos_embedding_SD[:T] if cache is None else pos_embedding_SD[cache.positions_BT]
-    # The lookup reads whole rows: with the table's D split (FSDP) XLA would instead gather
-    # every token id and move the looked-up activations; gathering the weight is cheaper.
-    table_VD = constrain(tok_embedding_VD, ("vocab", None))
-    x_BTD = constrain((table_VD[tokens_BT] + positions).astype(jnp.float32), STREAM_BTD)
-
-    def head(x_BTD):
-        y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=impl, y_dtype=cfg.dtype)
-        V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
-        padded_PD = jnp.pad(tok_embedding_VD, ((0, P - V), (0, 0)))  # zero rows
-        return logits_matmul(y_BTD, padded_PD.T.astype(jnp.dtype(cfg.dtype)))
-
-    return x_BTD, None, head
-
-
 class Block(nn.Module):
     """One block; `__call__(x_BTD, (alpha, l)) -> (x_BTD, (stats, kv))` is the scan body.
 
@@ -264,11 +172,9 @@ class Block(nn.Module):
             return self.param(name, nn.with_logical_partitioning(init, names), (size,), jnp.float32)
 
         cache = None if decode is None else (*scanned[2:], *decode)
-        if cfg.family == "llama":
-            sublayers = llama.block_sublayers(matrix, vector, cfg, NORM_NAMES[cfg.norm], cache, rope)
-        else:
-            sublayers = _gpt2_sublayers(matrix, vector, cfg, impl, cache)
-        attend, mlp, norm, residual_norm = sublayers
+        family = FAMILIES[cfg.family]
+        attend, mlp, norm, residual_norm = family.block_sublayers(matrix, vector, cfg, NORM_NAMES[cfg.norm], impl,
+                                                                  cache, rope)
         if cfg.gates == "learned":  # ReZero / SkipInit: a trainable scalar from 0, times the ProRes alpha
             alpha = alpha * self.param("residual_gate", nn.with_logical_partitioning(nn.initializers.zeros, ()),
                                        (), jnp.float32)
@@ -298,12 +204,16 @@ class Block(nn.Module):
 
 
 class Andrea(nn.Module):
+    """The model: the family's spine around one `nn.scan` of `Block` over the layers."""
     cfg: ModelConfig
     impl: str = "auto"
     diagnostics: bool = False  # static: also return the per-layer stats of the scan (see Block)
     # static: logits over the padded vocabulary with the padding at the float32 minimum (the train
     # and eval steps: a slice to V would move a tensor-sharded vocabulary between devices)
     padded_logits: bool = False
+    # lax.scan's `unroll` of the block stack: 1 is a loop. XLA's cost analysis counts a loop's body
+    # once, so andrea_jax.aot counts FLOPs on a program built with True (fully unrolled).
+    scan_unroll: int | bool = 1
 
     @nn.compact
     def __call__(self, tokens_BT, alphas_L, cache: KVCache | None = None):
@@ -311,11 +221,7 @@ class Andrea(nn.Module):
         T = tokens_BT.shape[1]
         if T > cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than model.seq_len={cfg.seq_len}")
-        if cfg.family == "llama":
-            llama.check_impl(self.impl)
-            x_BTD, rope, head = llama.spine(self.param, cfg, tokens_BT, cache)
-        else:
-            x_BTD, rope, head = _gpt2_spine(self.param, cfg, tokens_BT, cache, self.impl)
+        x_BTD, rope, head = FAMILIES[cfg.family].spine(self.param, cfg, tokens_BT, cache, self.impl)
 
         # model.remat: full saves nothing of a block (recomputes it all in the backward pass); dots
         # saves the outputs of the matmuls without batch dimensions (the qkv, output and MLP
@@ -325,7 +231,7 @@ class Andrea(nn.Module):
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}.get(cfg.remat)
         block = Block if policy is None else nn.remat(Block, prevent_cse=False, policy=policy)
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.n_layer, unroll=SCAN_UNROLL,
+                        in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.n_layer, unroll=self.scan_unroll,
                         metadata_params={nn.PARTITION_NAME: "layers"})  # stacked params: ("layers", ...)
         layers_L = jnp.arange(1, cfg.n_layer + 1, dtype=jnp.int32)
         scanned = (jnp.asarray(alphas_L, jnp.float32), layers_L)

@@ -158,16 +158,19 @@ def apply_update(state: train_state.TrainState, grads, loss=None) -> train_state
                          opt_state=opt_state)
 
 
-def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: bool = False):
+def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: bool = False,
+                    scan_unroll: int | bool = 1):
     """The jitted update. `with_diagnostics` compiles a second version of the same update that
     also returns, per layer [L], the scan's statistics (andrea_jax.model.Block), the gradient norm
     of the block's parameters and the effective alpha; the loop calls it every
     `diagnostics.every` steps, so ordinary steps compute none of them. With train.microbatches
     > 1 the loss, gradients and statistics are means over the microbatches. Metrics: loss (the
     cross-entropy), grad_norm, lr; z_loss with optim.z_loss; skipped_spikes (so far) with
-    optim.skip_spikes, whose test is given the step's loss."""
+    optim.skip_spikes, whose test is given the step's loss. `scan_unroll` is the model's
+    (andrea_jax.model.Andrea): andrea_jax.aot counts FLOPs on an unrolled step."""
     sharding.check(cfg, mesh)
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, diagnostics=with_diagnostics, padded_logits=True)
+    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, diagnostics=with_diagnostics, padded_logits=True,
+                             scan_unroll=scan_unroll)
     schedule = optim.lr_schedule(cfg.optim, cfg.train.steps)
     state_sh = state_shardings(cfg, mesh)
 

@@ -4,7 +4,7 @@
     python -m andrea_jax.aot --target h100 --config andrea_120m --devices 8 --set mesh.fsdp=8
 
 Needs the `gpu-compile` extra (the CUDA PJRT plugin and ptxas; no GPU, no driver). JAX lowers the
-steps for the `cuda` platform and the plugin, given the target's description (andrea_jax/targets/
+steps for the `cuda` platform and the plugin, given the target's description (andrea_jax/aot/targets/
 NAME.txtpb), runs XLA:GPU's whole pipeline: fusion, scheduling, buffer assignment, Pallas ->
 Triton -> PTX -> ptxas for the kernels, cuDNN graphs for flash attention. `--devices N` compiles
 for N such GPUs (8 per host) under the config's mesh. Nothing is allocated and nothing runs.
@@ -21,170 +21,15 @@ bad config or command. Each failure is one line on stderr.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import pathlib
-import re
 import sys
-import time
 
 from andrea_jax.startup import native_stderr_silenced
-from andrea_jax.hlo_stats import convert_fusions, kernel_counts, matmul_dtypes
+from andrea_jax.aot.compile import StepReport, compile_steps, unsupported_jax
+from andrea_jax.aot.gpus import TARGETS, gpu_devices, target_compute_capability, target_kind, target_memory
 
-TARGETS = ("h100", "h200", "a100")
-GPUS_PER_HOST = 8
 DEFAULT_MEM_FRACTION = 0.75  # JAX's preallocation default (XLA_PYTHON_CLIENT_MEM_FRACTION)
-
-def target_config(name: str) -> str:
-    """The text of a shipped target description."""
-    if name not in TARGETS:
-        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
-    return (pathlib.Path(__file__).parent / "targets" / f"{name}.txtpb").read_text()
-
-
-def _field(text: str, name: str) -> str:
-    return re.search(rf"\b{name}:\s*\"?([^\"\n]+)\"?", text).group(1).strip()
-
-
-def target_memory(name: str) -> int:
-    """Bytes of device memory of one GPU of the target."""
-    return int(_field(target_config(name), "device_memory_size"))
-
-
-def target_compute_capability(name: str) -> int:
-    """major * 10 + minor of the target (90 for Hopper), as triton counts it."""
-    text = target_config(name).split("cuda_compute_capability", 1)[1]
-    major, minor = (re.search(rf"\b{f}:\s*(\d+)", text) for f in ("major", "minor"))
-    return int(major.group(1)) * 10 + (int(minor.group(1)) if minor else 0)
-
-
-def target_kind(name: str) -> str:
-    """The device_kind jax reports for the target (matched by mfu.peak_flops)."""
-    return _field(target_config(name), "device_description_str")
-
-
-def gpu_devices(target: str, n: int):
-    """n devices of the target (GPUS_PER_HOST per host), from the CUDA plugin's topology."""
-    from jax.experimental import topologies
-
-    per_host = min(n, GPUS_PER_HOST)
-    if n % per_host:
-        raise ValueError(f"--devices {n}: more than {GPUS_PER_HOST} GPUs must fill whole hosts of {GPUS_PER_HOST}")
-    topology = topologies.get_topology_desc("andrea_aot", "cuda", target_config=target_config(target),
-                                            topology=f"1x{n // per_host}x{per_host}")
-    return list(topology.devices)
-
-
-@dataclasses.dataclass
-class StepReport:
-    step: str
-    compile_s: float
-    argument_bytes: int
-    output_bytes: int
-    alias_bytes: int
-    temp_bytes: int
-    flops: float | None
-    kernels: dict
-    convert_fusions: int
-    matmuls: dict
-    hlo: str = dataclasses.field(repr=False, default="")
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
-
-    def as_dict(self) -> dict:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "hlo"}
-        return d | {"peak_bytes": self.peak_bytes}
-
-
-def _report(step: str, lowered, flops: float | None = None) -> StepReport:
-    t0 = time.perf_counter()
-    compiled = lowered.compile()
-    compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
-    hlo = compiled.as_text()
-    return StepReport(step, compile_s, mem.argument_size_in_bytes, mem.output_size_in_bytes,
-                      mem.alias_size_in_bytes, mem.temp_size_in_bytes, flops, kernel_counts(hlo),
-                      convert_fusions(hlo), matmul_dtypes(hlo), hlo)
-
-
-# jax releases whose private APIs this module reads (xla_flops: the lowering's HLO module and the
-# cost analysis of jaxlib's client): another release may have moved them.
-SUPPORTED_JAX = ((0, 10), (0, 11))
-
-
-def unsupported_jax() -> str | None:
-    """Why the installed jax cannot serve this module, in one line; None when it can."""
-    from importlib.metadata import version
-    installed = version("jax")
-    if tuple(int(p) for p in installed.split(".")[:2]) not in SUPPORTED_JAX:
-        known = ", ".join(f"{a}.{b}" for a, b in SUPPORTED_JAX)
-        return f"andrea_jax.aot reads private jax APIs known for jax {known}, not the installed jax {installed}"
-    return None
-
-
-def xla_flops(cfg, mesh, state, tokens) -> float | None:
-    """FLOPs of one train step (all devices) by XLA's HloCostAnalysis of the lowered program, as
-    the kernels' math: the compile-only GPU client has no cost analysis, and the pass counts a
-    loop's body once and a custom call (cuDNN attention, a Pallas kernel) as 0, so this lowers the
-    same step once more with the layer scan unrolled, one microbatch and kernels.impl=xla,
-    model.attention=xla (which computes both halves of the causal scores), and the CPU client's
-    pass counts it. Remat's recomputation is in it; mfu.py's count is not."""
-    import jax
-    from jax._src.lib import _jax
-
-    from andrea_jax.model import transformer
-    from andrea_jax.train import steps
-
-    plain = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention="xla"),
-                                kernels=dataclasses.replace(cfg.kernels, impl="xla"),
-                                train=dataclasses.replace(cfg.train, microbatches=1))
-    previous = transformer.SCAN_UNROLL
-    transformer.SCAN_UNROLL = True
-    try:
-        lowered = steps.make_train_step(plain, mesh).lower(steps.abstract_state(plain, mesh), tokens)
-        module = lowered._lowering.hlo().as_hlo_module()
-        cost = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
-    except Exception:  # private APIs: the figure is informative, never worth failing for
-        return None
-    finally:
-        transformer.SCAN_UNROLL = previous
-    return float(cost["flops"]) if cost and "flops" in cost else None
-
-
-def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = True,
-                  backend: str = "gpu", compute_capability: int | None = None) -> list[StepReport]:
-    """The train step (and the eval step) of cfg, compiled for `devices` (of `backend`), with abstract inputs."""
-    import jax
-    import numpy as np
-
-    from andrea_jax.kernels import platform
-    from andrea_jax.train import sharding, steps
-
-    previous = platform.TARGET_BACKEND
-    platform.TARGET_BACKEND = backend  # gpu: Pallas through Triton, cuDNN attention where it applies
-    if compute_capability is not None and cfg.kernels.impl == "triton":
-        from andrea_jax.kernels import triton_ops  # jax-triton compiles its kernels for this GPU
-        triton_ops.COMPUTE_CAPABILITY = compute_capability
-    try:
-        mesh = steps.make_mesh(cfg, devices)
-        state = steps.abstract_state(cfg, mesh)
-        tokens = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.model.seq_len + 1), np.int32,
-                                      sharding=steps.batch_sharding(cfg, mesh))
-        reports = [_report("train", steps.make_train_step(cfg, mesh).lower(state, tokens),
-                           xla_flops(cfg, mesh, state, tokens) if count_flops else None)]
-        if eval_step:
-            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-            step = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
-            bytes_V = jax.ShapeDtypeStruct((cfg.model.vocab_size,), np.int32, sharding=replicated)
-            params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                  state.params, sharding.param_shardings(cfg, mesh))
-            reports.append(_report("eval", steps.make_eval_step(cfg, mesh).lower(params, step, tokens, bytes_V)))
-        return reports
-    finally:
-        platform.TARGET_BACKEND = previous
 
 
 def mem_fraction() -> float:
