@@ -336,7 +336,7 @@ def main(argv=None) -> int:
     if out_of_time:
         print(f"(stopped starting new cases after --budget-s {a.budget_s:.0f} s)")
 
-    print("\n## targets (issue 3), fwd+bwd at the largest row count measured")
+    print("\n## targets, fwd+bwd at the largest row count measured")
     for (op, mode), (min_speedup, min_bw) in TARGETS.items():
         for r in [r for r in records if r["op"] == op and r["mode"] == mode and r["impl"] in ("pallas", "triton")]:
             if r["rows"] != max(x["rows"] for x in records if x["op"] == op):

@@ -157,8 +157,9 @@ def _shown(path: pathlib.Path) -> str:
 def markdown(summary: dict, out: pathlib.Path, runs: str, known: list) -> str:
     """OUT/RESULTS.md from a summary.json's contents and the kept READING.md beside it."""
     notes = out / "prores_repro" / "READING.md"
-    return tables.results_markdown(summary["experiments"], summary["machine"],
-                                   notes.read_text() if notes.is_file() else "", runs=runs, out=_shown(out), known=known)
+    reading = notes.read_text() if notes.is_file() else ""
+    return tables.results_markdown(summary["experiments"], summary["machine"], reading, runs=runs, out=_shown(out),
+                                   known=known)
 
 
 def write_all(runs_root: pathlib.Path, out: pathlib.Path, toy: bool = False, exps: dict | None = None) -> list:

@@ -1,6 +1,6 @@
 """Training-dynamics diagnostics that are not part of the forward pass: per-layer gradient norms of
-the stacked block parameters, per-layer update-to-parameter ratios and the loss-spike score. The per-layer activation statistics are
-computed inside the model's scan (`andrea_jax.model.Block`).
+the stacked block parameters, per-layer update-to-parameter ratios and the loss-spike score. The
+per-layer activation statistics are computed inside the model's scan (`andrea_jax.model.Block`).
 
 Loss-spike score (after OLMo 2, arXiv 2501.00656): the fraction of steps whose loss exceeds the
 mean of the previous `window` losses by more than `sigmas` of their standard deviations. Only

@@ -76,7 +76,8 @@ def _sizes(cfg: Config) -> dict[str, tuple[int, str]]:
             "embed": (m.d_model, f"model.d_model={m.d_model}"),
             "heads": (m.n_head, f"model.n_head={m.n_head}"),
             "qkv": (3 * m.d_model, f"3 x model.d_model={m.d_model}"),
-            "mlp": (m.mlp_ratio * m.d_model, f"the MLP width model.mlp_ratio x model.d_model={m.mlp_ratio * m.d_model}"),
+            "mlp": (m.mlp_ratio * m.d_model,
+                    f"the MLP width model.mlp_ratio x model.d_model={m.mlp_ratio * m.d_model}"),
             "vocab": (m.vocab_size, f"model.vocab_size={m.vocab_size}"),
             "layers": (m.n_layer, f"model.n_layer={m.n_layer}")}
 

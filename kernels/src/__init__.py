@@ -88,7 +88,7 @@ def residual_layer_norm(x, delta, alpha, gamma, beta, *, eps: float = 1e-5, impl
 # elementwise forward (fused into the derivative), as the kernels' custom VJP does. Left to
 # autodiff it would save seven more [rows, F] intermediates (u, u^3, tanh, ...): in a layer scan
 # they are stacked for every layer, and on CPU writing and reading them back costs more than the
-# recomputation (issue 10; benchmarks/profile_backward.py). Same function, same gradients.
+# recomputation (benchmarks/profile_backward.py measures both). Same function, same gradients.
 _bias_gelu_saving_inputs = jax.checkpoint(reference.bias_gelu)
 
 

@@ -1,8 +1,8 @@
 """Runs a row-wise kernel once per shard of the rows, so that no all-gather is needed.
 
 A `pallas_call` (or `triton_call`) has no sharding rule: under jit with sharded inputs XLA would
-gather the activations and run the kernel redundantly on every device (a pallas_call has no sharding rule). The kernels here
-are row-wise, so each device can run them on its own rows; only the reductions over rows (dgamma,
+gather the activations and run the kernel redundantly on every device. The kernels here are
+row-wise, so each device can run them on its own rows; only the reductions over rows (dgamma,
 dbeta, dalpha, dbias) need a `psum` across the devices that split the rows.
 
 Which mesh axes split the rows:
