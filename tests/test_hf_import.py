@@ -13,7 +13,8 @@ import pytest
 from andrea_jax import config as config_lib, model as model_lib
 from andrea_jax.config import Config, ModelConfig
 from andrea_jax.errors import LoadError
-from andrea_jax.serve import hf_import, load
+from andrea_jax.model import hf as hf_import
+from andrea_jax.serve import load
 from andrea_jax.train import loop as trainer
 
 V, S, D, L, H = 300, 16, 32, 2, 4

@@ -34,6 +34,7 @@ import sys
 
 import numpy as np
 
+from andrea_jax.model import hf
 from andrea_jax.serve import load
 from andrea_jax.errors import ExportError
 from andrea_jax.data import tokenizer as tokenizer_lib
@@ -78,11 +79,11 @@ def effective_alphas(loaded: LoadedModel, flat: dict[str, np.ndarray]) -> np.nda
 def hf_state_dict(loaded: LoadedModel, flat: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """GPT-2's tensors with the alphas (and the lns shrink) folded in; float32, contiguous.
 
-    `flat` is `load.flatten_params(loaded.params)` when the caller already has it."""
+    `flat` is `hf.flatten_params(loaded.params)` when the caller already has it."""
     reason = hf_refusal(loaded)
     if reason:
         raise ExportError(reason)
-    flat = load.flatten_params(loaded.params) if flat is None else flat
+    flat = hf.flatten_params(loaded.params) if flat is None else flat
     alphas = effective_alphas(loaded, flat)
     if loaded.cfg.model.family == "llama":
         return _contiguous(llama_state_dict(loaded, flat, alphas))
@@ -195,7 +196,7 @@ def save_hf(loaded: LoadedModel, out) -> pathlib.Path:
     """Writes the Hugging Face GPT-2 (or Llama) export of `loaded` into folder `out`; refuses before writing."""
     from safetensors.numpy import save_file
 
-    flat = load.flatten_params(loaded.params)
+    flat = hf.flatten_params(loaded.params)
     tensors = hf_state_dict(loaded, flat)  # raises ExportError for a refused placement, before any file
     eot = tokenizer_lib.eot_id(loaded.tokenizer)
     out = pathlib.Path(out)

@@ -1,5 +1,8 @@
-"""Starting a run from Hugging Face weights (`train.init_from=DIR`): the inverse of
-`export --format hf`, for any transformers GPT-2 folder (model.family=gpt2) or Llama folder
+"""The model's parameters as flat named tensors, and Hugging Face weights read into them.
+
+`flatten_params` names every parameter by its flax path joined by '/' (the native export's
+names); `read_params` starts a run from Hugging Face weights (`train.init_from=DIR`): the inverse
+of `export --format hf`, for any transformers GPT-2 folder (model.family=gpt2) or Llama folder
 (model.family=llama) whose shapes fit the config: `config.json` and `model.safetensors`.
 
 GPT-2: Conv1D weights are [in, out], our kernels' layout; wte is the tied embedding (an lm_head
@@ -26,10 +29,28 @@ from andrea_jax import model as model_lib
 from andrea_jax.config import Config
 from andrea_jax.errors import LoadError
 from andrea_jax.model.llama import ROPE_THETA
-from andrea_jax.serve.load import unflatten_params
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 GPT2_BUFFERS = ("attn.bias", "attn.masked_bias")
+
+
+def flatten_params(params) -> dict[str, np.ndarray]:
+    """{'blocks/attn_qkv_kernel': array, ...}: flax paths joined by '/', as host float32 arrays."""
+    flat = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        flat["/".join(k.key for k in path)] = np.asarray(jax.device_get(leaf))
+    return flat
+
+
+def unflatten_params(flat: dict[str, np.ndarray]) -> dict:
+    tree: dict = {}
+    for name, value in flat.items():
+        node = tree
+        *parents, leaf = name.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
 
 
 def _fail(folder, why: str):
@@ -64,7 +85,7 @@ def _check_architecture(folder, hf: dict, cfg: Config) -> None:
 
 
 def _gpt2_flat(tensors: dict, L: int) -> dict[str, np.ndarray]:
-    """Our flat parameter names (load.flatten_params) from GPT-2's tensors."""
+    """Our flat parameter names (flatten_params) from GPT-2's tensors."""
     t = lambda name: tensors.pop(name)
     flat = {"tok_embedding": t("transformer.wte.weight"), "pos_embedding": t("transformer.wpe.weight"),
             "lnf_scale": t("transformer.ln_f.weight"), "lnf_bias": t("transformer.ln_f.bias")}
