@@ -73,11 +73,12 @@ def run(args) -> int:
     if args.coordinator or args.distributed:
         start_distributed(args)
     startup.start_jax()
-    from andrea_jax.serve import generate
+    from andrea_jax.serve import generate, tasks
     from andrea_jax.train import loop, preemption  # after validation: a bad config fails before jax starts work
+    extra_hooks = tasks.training_hooks(cfg)  # reads train.eval_tasks: a bad task file fails before training
     try:
         loop.train(cfg, args.workdir, allow_schedule_change=args.allow_schedule_change,
-                   at_end=generate.closing_sample)
+                   at_end=generate.closing_sample, extra_hooks=extra_hooks)
     except preemption.Stopped as e:
         print(e, file=sys.stderr, flush=True)
         return e.exit_code

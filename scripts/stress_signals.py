@@ -28,7 +28,7 @@ SETTINGS = ["train.eval_batches=1", "train.batch_size=4", "train.sample_tokens=0
             "train.eval_every=100", "train.checkpoint_every=100", "model.vocab_size=300"]
 SLOW_SAVE = ("import sys, time\n"
              "from andrea_jax import cli\n"
-             "from andrea_jax.train import checkpoint\n"
+             "from andrea_jax import checkpoint\n"
              "def save(*args, **kwargs):\n"
              "    print('slow save started', flush=True)\n"
              "    time.sleep(600)\n"

@@ -9,7 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 import train as train_cli
-from andrea_jax.train import checkpoint
+from andrea_jax import checkpoint
 from andrea_jax import config as config_lib
 from andrea_jax.data import loader, pipeline, tokenize, token_shards, tokenizer as tok_lib
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax.model import hf
 from andrea_jax.serve import export, load
 from andrea_jax.data import tokenizer as tokenizer_lib
 
@@ -52,7 +53,7 @@ def test_hf_logits_match_the_jax_model(hf_export, name):
     import torch
 
     loaded, folder = hf_export(name)
-    alphas = np.asarray(export.effective_alphas(loaded, load.flatten_params(loaded.params)))
+    alphas = np.asarray(export.effective_alphas(loaded, hf.flatten_params(loaded.params)))
     # The fold must matter: mid-warmup alphas (and trained gates, which start at 0) are not all 1.
     np.testing.assert_allclose(np.asarray(loaded.alphas()), [1.0, 0.75, 0.5])
     if name == "gates":
@@ -155,7 +156,7 @@ def test_native_round_trips_bit_exactly(tok_path, tmp_path, overrides):
     export.export(loaded, tmp_path, "native")
     back = load.load(export=tmp_path)
     assert back.cfg == loaded.cfg and back.step == loaded.step
-    flat, flat_back = load.flatten_params(loaded.params), load.flatten_params(back.params)
+    flat, flat_back = hf.flatten_params(loaded.params), hf.flatten_params(back.params)
     assert set(flat) == set(flat_back)
     for name in flat:
         assert flat_back[name].dtype == np.float32 and np.array_equal(flat_back[name], flat[name]), name

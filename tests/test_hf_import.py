@@ -13,7 +13,8 @@ import pytest
 from andrea_jax import config as config_lib, model as model_lib
 from andrea_jax.config import Config, ModelConfig
 from andrea_jax.errors import LoadError
-from andrea_jax.serve import hf_import, load
+from andrea_jax.model import hf
+from andrea_jax.serve import load
 from andrea_jax.train import loop as trainer
 
 V, S, D, L, H = 300, 16, 32, 2, 4
@@ -54,7 +55,7 @@ def test_imported_weights_compute_transformers_logits(folder):
     import torch
 
     family, path, hf_model = folder
-    params = hf_import.read_params(Config(model=OURS[family]), path)
+    params = hf.read_params(Config(model=OURS[family]), path)
     tokens = np.array(jax.random.randint(jax.random.key(0), (2, S), 0, V))
     ours = np.asarray(model_lib.Andrea(OURS[family]).apply({"params": params}, jnp.asarray(tokens), jnp.ones(L)).logits)
     with torch.no_grad():
@@ -76,7 +77,7 @@ def test_a_run_starts_from_the_folder_at_step_0_with_a_fresh_optimizer(folder, t
     restored = load.load(workdir=tmp_path / "run")
     assert restored.step == 1
     # At LR 0 the first update changes nothing: the checkpoint holds the folder's weights exactly.
-    want = hf_import.read_params(cfg, path)
+    want = hf.read_params(cfg, path)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), want)
 
 
@@ -84,15 +85,15 @@ def test_a_folder_that_does_not_fit_is_one_line_naming_it(folder, tmp_path):
     family, path, _ = folder
     wide = Config(model=dataclasses.replace(OURS[family], d_model=64))
     with pytest.raises(LoadError, match=r"\S+ is \[[0-9, ]*32\] there, \[[0-9, ]*64\] in the model of the config"):
-        hf_import.read_params(wide, path)
+        hf.read_params(wide, path)
     deeper = Config(model=dataclasses.replace(OURS[family], n_layer=3))
     with pytest.raises(LoadError, match=r"has no tensor (transformer.h|model.layers).2.* model.n_layer=3 blocks"):
-        hf_import.read_params(deeper, path)
+        hf.read_params(deeper, path)
     other = "llama" if family == "gpt2" else "gpt2"
     with pytest.raises(LoadError, match=f"model_type '{family}' is not '{other}'"):
-        hf_import.read_params(Config(model=OURS[other]), path)
+        hf.read_params(Config(model=OURS[other]), path)
     with pytest.raises(LoadError, match="pre-norm"):
-        hf_import.read_params(Config(model=dataclasses.replace(OURS[family], norm="post")), path)
+        hf.read_params(Config(model=dataclasses.replace(OURS[family], norm="post")), path)
     config = json.loads((path / "config.json").read_text())
     eps_key = "layer_norm_epsilon" if family == "gpt2" else "rms_norm_eps"
     odd = tmp_path / "odd"
@@ -100,9 +101,9 @@ def test_a_folder_that_does_not_fit_is_one_line_naming_it(folder, tmp_path):
     (odd / "model.safetensors").write_bytes((path / "model.safetensors").read_bytes())
     (odd / "config.json").write_text(json.dumps({**config, eps_key: 1e-6}))
     with pytest.raises(LoadError, match=f"{eps_key}=1e-06, the model has model.ln_eps=1e-05"):
-        hf_import.read_params(Config(model=OURS[family]), odd)
+        hf.read_params(Config(model=OURS[family]), odd)
     with pytest.raises(LoadError, match="does not exist"):
-        hf_import.read_params(Config(model=OURS[family]), tmp_path / "nowhere")
+        hf.read_params(Config(model=OURS[family]), tmp_path / "nowhere")
 
 
 def test_an_export_of_a_trained_run_continues_from_its_logits_and_its_loss(trained_run, tmp_path, tok_path):
@@ -120,7 +121,7 @@ def test_an_export_of_a_trained_run_continues_from_its_logits_and_its_loss(train
     cfg = config_lib.validate(config_lib.override(loaded.cfg, [
         f"train.init_from={folder}", "prores.schedule=none", "train.steps=1", "train.log_every=1",
         "train.eval_every=0", "train.checkpoint_every=0", f"data.tokenizer={folder / 'tokenizer.json'}"]))
-    params = hf_import.read_params(cfg, folder)
+    params = hf.read_params(cfg, folder)
     tokens = np.array(jax.random.randint(jax.random.key(0), (2, 32), 0, cfg.model.vocab_size))
     ours = np.asarray(model_lib.Andrea(cfg.model).apply({"params": params}, jnp.asarray(tokens), jnp.ones(3)).logits)
     with torch.no_grad():

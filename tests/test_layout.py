@@ -76,6 +76,49 @@ def test_config_imports_nothing_of_the_project_but_its_error_and_text_parsing():
     assert graph["andrea_jax.config_text"] <= {"andrea_jax.errors"}
 
 
+# The packages (and top-level modules) of andrea_jax, top to bottom: a module imports only from
+# its own rank or a lower one, function bodies included. A name here that no longer exists is
+# fine (moving a module is a one-word edit); a module whose name is not here fails the test.
+RANKS = (
+    {"cli", "commands", "aot", "hlo_stats", "sweep", "plot", "evaluate", "export", "generate", "lm_eval_adapter"},
+    {"serve", "repro"},
+    {"train"},
+    {"data", "model", "kernels"},
+    {"checkpoint", "workdir", "config", "configs", "config_text", "errors", "startup", "signals", ""},
+)
+# data/prepare.py, a `python -m` shim that calls the command line, is being replaced by the
+# data.prepare package, which imports no command.
+KNOWN_UPWARD = {("andrea_jax.data.prepare", "andrea_jax.commands")}
+
+
+def rank(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    ranks = [i for i, names in enumerate(RANKS) if top in names]
+    assert ranks, f"{module}: its package {top!r} has no place in RANKS (tests/test_layout.py)"
+    return ranks[0]
+
+
+def upward_imports(graph) -> list[str]:
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                  if rank(d) < rank(m) and (m, d) not in KNOWN_UPWARD)
+
+
+def test_packages_import_one_way(tmp_path):
+    assert upward_imports(import_graph(modules())) == []
+    # the check sees an import inside a function, and a package it does not know
+    (tmp_path / "loop.py").write_text("def train():\n    from andrea_jax.serve import tasks\n")
+    (tmp_path / "tasks.py").write_text("from andrea_jax.train import loop\n")
+    graph = import_graph({"andrea_jax.train.loop": tmp_path / "loop.py",
+                          "andrea_jax.serve.tasks": tmp_path / "tasks.py"})
+    assert upward_imports(graph) == ["andrea_jax.train.loop -> andrea_jax.serve.tasks"]
+    try:
+        rank("andrea_jax.NAME.module")  # a package that is not ranked
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("a package missing from RANKS passed")
+
+
 def test_no_module_over_400_lines_and_no_function_over_80():
     long_modules, long_functions = [], []
     for name, path in modules().items():

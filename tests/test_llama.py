@@ -16,7 +16,7 @@ import pytest
 from andrea_jax import config as config_lib, model as model_lib
 from andrea_jax.config import NORMS, ConfigError, ModelConfig, OptimConfig
 from andrea_jax.data import tokenizer as tokenizer_lib
-from andrea_jax.model import prores
+from andrea_jax.model import hf, prores
 from andrea_jax.serve import export, generate as gen, load
 from andrea_jax.train import optim, steps
 
@@ -290,7 +290,7 @@ def test_hf_llama_logits_equal_ours_in_transformers(llama_run, tok_path, tmp_pat
 
     loaded = llama_run if which == "trained" else random_loaded(tok_path, *HF_CASES[which])
     folder = export.save_hf(loaded, tmp_path / "hf")
-    alphas = export.effective_alphas(loaded, load.flatten_params(loaded.params))
+    alphas = export.effective_alphas(loaded, hf.flatten_params(loaded.params))
     np.testing.assert_allclose(np.asarray(loaded.alphas()), [1.0, 0.75, 0.5])
     assert not np.allclose(alphas, 1.0)
     meta = json.loads((folder / "config.json").read_text())

@@ -240,7 +240,7 @@ def slow_save_command(workdir, settings):
     while it runs can only be answered by stopping at once."""
     code = ("import sys, time\n"
             "from andrea_jax import cli\n"
-            "from andrea_jax.train import checkpoint\n"
+            "from andrea_jax import checkpoint\n"
             "def save(*args, **kwargs):\n"
             "    print('slow save started', flush=True)\n"
             "    time.sleep(600)\n"

@@ -34,6 +34,7 @@ import sys
 
 import numpy as np
 
+from andrea_jax.model import hf
 from andrea_jax.serve import load
 from andrea_jax.errors import ExportError
 from andrea_jax.data import tokenizer as tokenizer_lib
@@ -78,31 +79,24 @@ def effective_alphas(loaded: LoadedModel, flat: dict[str, np.ndarray]) -> np.nda
 def hf_state_dict(loaded: LoadedModel, flat: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """GPT-2's tensors with the alphas (and the lns shrink) folded in; float32, contiguous.
 
-    `flat` is `load.flatten_params(loaded.params)` when the caller already has it."""
+    `flat` is `hf.flatten_params(loaded.params)` when the caller already has it."""
     reason = hf_refusal(loaded)
     if reason:
         raise ExportError(reason)
-    flat = load.flatten_params(loaded.params) if flat is None else flat
+    flat = hf.flatten_params(loaded.params) if flat is None else flat
     alphas = effective_alphas(loaded, flat)
     if loaded.cfg.model.family == "llama":
         return _contiguous(llama_state_dict(loaded, flat, alphas))
     lns = loaded.cfg.model.norm == "lns"
     blocks = {k.removeprefix("blocks/"): v for k, v in flat.items() if k.startswith("blocks/")}
-    out = {"transformer.wte.weight": flat["tok_embedding"], "transformer.wpe.weight": flat["pos_embedding"],
-           "transformer.ln_f.weight": flat["lnf_scale"], "transformer.ln_f.bias": flat["lnf_bias"]}
+    out = {theirs: flat[ours] for ours, theirs in hf.GPT2_NAMES.items()}
     for i in range(loaded.cfg.model.n_layer):
         a = alphas[i]
         shrink = np.float32(1.0 / np.sqrt(i + 1.0)) if lns else np.float32(1.0)
-        b = {k: v[i] for k, v in blocks.items()}
-        h = f"transformer.h.{i}."
-        out |= {
-            h + "ln_1.weight": b["ln1_scale"] * shrink, h + "ln_1.bias": b["ln1_bias"] * shrink,
-            h + "attn.c_attn.weight": b["attn_qkv_kernel"], h + "attn.c_attn.bias": b["attn_qkv_bias"],
-            h + "attn.c_proj.weight": b["attn_out_kernel"] * a, h + "attn.c_proj.bias": b["attn_out_bias"] * a,
-            h + "ln_2.weight": b["ln2_scale"] * shrink, h + "ln_2.bias": b["ln2_bias"] * shrink,
-            h + "mlp.c_fc.weight": b["mlp_fc_kernel"], h + "mlp.c_fc.bias": b["mlp_fc_bias"],
-            h + "mlp.c_proj.weight": b["mlp_proj_kernel"] * a, h + "mlp.c_proj.bias": b["mlp_proj_bias"] * a,
-        }
+        scale = {"ln1_scale": shrink, "ln1_bias": shrink, "ln2_scale": shrink, "ln2_bias": shrink,
+                 "attn_out_kernel": a, "attn_out_bias": a, "mlp_proj_kernel": a, "mlp_proj_bias": a}
+        out |= {f"{hf.GPT2_BLOCK}{i}.{theirs}": blocks[ours][i] * scale[ours] if ours in scale else blocks[ours][i]
+                for ours, theirs in hf.GPT2_BLOCK_NAMES.items()}
     return _contiguous(out)
 
 
@@ -116,21 +110,19 @@ def llama_state_dict(loaded: LoadedModel, flat: dict[str, np.ndarray], alphas: n
     m = loaded.cfg.model
     D, lns = m.d_model, m.norm == "lns"
     blocks = {k.removeprefix("blocks/"): v for k, v in flat.items() if k.startswith("blocks/")}
-    out = {"model.embed_tokens.weight": flat["tok_embedding"], "model.norm.weight": flat["lnf_scale"],
-           "lm_head.weight": flat["lm_head_kernel"].T}
+    out = {theirs: flat[ours] for ours, theirs in hf.LLAMA_NAMES.items()} | {hf.LLAMA_HEAD: flat["lm_head_kernel"].T}
     for i in range(m.n_layer):
         a = alphas[i]
         shrink = np.float32(1.0 / np.sqrt(i + 1.0)) if lns else np.float32(1.0)
-        b = {k: v[i] for k, v in blocks.items()}
-        qkv, h = b["attn_qkv_kernel"], f"model.layers.{i}."  # qkv columns: [q | k | v], each H heads x K
-        out |= {
-            h + "input_layernorm.weight": b["ln1_scale"] * shrink,
-            h + "self_attn.q_proj.weight": qkv[:, :D].T, h + "self_attn.k_proj.weight": qkv[:, D:2 * D].T,
-            h + "self_attn.v_proj.weight": qkv[:, 2 * D:].T, h + "self_attn.o_proj.weight": (b["attn_out_kernel"] * a).T,
-            h + "post_attention_layernorm.weight": b["ln2_scale"] * shrink,
-            h + "mlp.gate_proj.weight": b["mlp_gate_kernel"].T, h + "mlp.up_proj.weight": b["mlp_up_kernel"].T,
-            h + "mlp.down_proj.weight": (b["mlp_proj_kernel"] * a).T,
-        }
+        b = {k: v[i] * shrink if k in hf.LLAMA_NORMS else v[i] for k, v in blocks.items()}
+        b["attn_out_kernel"], b["mlp_proj_kernel"] = b["attn_out_kernel"] * a, b["mlp_proj_kernel"] * a
+        qkv = b["attn_qkv_kernel"]  # columns [q | k | v], each H heads x K
+        for ours, theirs in hf.LLAMA_BLOCK_NAMES.items():
+            h = f"{hf.LLAMA_BLOCK}{i}."
+            if isinstance(theirs, tuple):
+                out |= {h + name: qkv[:, j * D:(j + 1) * D].T for j, name in enumerate(theirs)}
+            else:
+                out[h + theirs] = b[ours] if ours in hf.LLAMA_NORMS else b[ours].T
     return out
 
 
@@ -195,7 +187,7 @@ def save_hf(loaded: LoadedModel, out) -> pathlib.Path:
     """Writes the Hugging Face GPT-2 (or Llama) export of `loaded` into folder `out`; refuses before writing."""
     from safetensors.numpy import save_file
 
-    flat = load.flatten_params(loaded.params)
+    flat = hf.flatten_params(loaded.params)
     tensors = hf_state_dict(loaded, flat)  # raises ExportError for a refused placement, before any file
     eot = tokenizer_lib.eot_id(loaded.tokenizer)
     out = pathlib.Path(out)

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax import config as config_lib, model as model_lib
-from andrea_jax.model import prores
+from andrea_jax import checkpoint, config as config_lib, model as model_lib
+from andrea_jax.model import hf, prores
 from andrea_jax.train import sharding
 from andrea_jax.config import Config
 from andrea_jax.errors import LoadError
@@ -65,17 +65,11 @@ def _replicated():
 
 
 def _restore_params(step_dir: pathlib.Path, cfg: Config):
-    """The `params` subtree of the train state saved in step_dir/state, read alone."""
-    import orbax.checkpoint as ocp
-
+    """The parameters of the checkpoint in step_dir, replicated over the current devices."""
     shapes = model_lib.param_shapes(cfg.model)
     replicated = _replicated()
-    target = {"params": jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)}
-    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-    with ocp.PyTreeCheckpointer() as ckptr:
-        restored = ckptr.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-            item=target, restore_args=restore_args, partial_restore=True))
-    return restored["params"]
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
+    return checkpoint.read_params(step_dir, target)
 
 
 def _read_json(json_path: pathlib.Path, companions, what: str) -> dict:
@@ -114,32 +108,13 @@ def load_workdir(workdir, step: int | None = None) -> LoadedModel:
     return LoadedModel(cfg, params, Tokenizer.from_file(str(tok_path)), step, str(step_dir))
 
 
-def flatten_params(params) -> dict[str, np.ndarray]:
-    """{'blocks/attn_qkv_kernel': array, ...}: flax paths joined by '/', as host float32 arrays."""
-    flat = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        flat["/".join(k.key for k in path)] = np.asarray(jax.device_get(leaf))
-    return flat
-
-
-def unflatten_params(flat: dict[str, np.ndarray]) -> dict:
-    tree: dict = {}
-    for name, value in flat.items():
-        node = tree
-        *parents, leaf = name.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return tree
-
-
 def save_native(loaded: LoadedModel, out) -> pathlib.Path:
     """Writes a native export of `loaded` into folder `out` (every placement; reads back bit-exactly)."""
     from safetensors.numpy import save_file
 
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(flatten_params(loaded.params), str(out / NATIVE_WEIGHTS),
+    save_file(hf.flatten_params(loaded.params), str(out / NATIVE_WEIGHTS),
               metadata={"format": NATIVE_FORMAT, "step": str(loaded.step)})
     (out / NATIVE_CONFIG).write_text(json.dumps(
         {"format": NATIVE_FORMAT, "step": loaded.step, "config": loaded.cfg.to_dict()}, indent=2))
@@ -167,7 +142,7 @@ def load_export(path) -> LoadedModel:
                 jax.tree_util.tree_flatten_with_path(model_lib.param_shapes(cfg.model))[0]}
     if set(flat) != set(expected) or any(flat[k].shape != expected[k].shape for k in expected):
         raise LoadError(f"{weights}: its tensors do not match the model its config describes")
-    params = jax.device_put(unflatten_params(flat), _replicated())
+    params = jax.device_put(hf.unflatten_params(flat), _replicated())
     return LoadedModel(cfg, params, Tokenizer.from_file(str(tok_path)), int(meta["step"]), str(path))
 
 

@@ -11,8 +11,10 @@ from typing import Sequence
 
 import numpy as np
 
-from andrea_jax.errors import TaskError
+from andrea_jax.config import Config
+from andrea_jax.errors import ConfigError, TaskError
 from andrea_jax.serve import load
+from andrea_jax.train import hooks, loop
 from andrea_jax.serve.scoring import DEFAULT_BATCH, loglikelihood
 
 @dataclasses.dataclass(frozen=True)
@@ -112,5 +114,33 @@ def score_task(loaded: load.LoadedModel, examples, *, batch_size: int = DEFAULT_
     return {"kind": "last word", **last_word_metrics(results)}
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line.
+def read_training_tasks(cfg: Config) -> dict:
+    """train.eval_tasks: {file stem: examples}, read and checked as `evaluate --task` reads them."""
+    paths = [p.strip() for p in cfg.train.eval_tasks.split(",") if p.strip()]
+    if not paths:
+        return {}
+    read = {pathlib.Path(p).stem: read_task(p) for p in paths}
+    if len(read) < len(paths):
+        raise ConfigError(f"train.eval_tasks: two files share a name ({cfg.train.eval_tasks}); their metrics "
+                          f"are logged as task/NAME/...")
+    return read
+
+
+def training_hooks(cfg: Config) -> tuple[hooks.Hook, ...]:
+    """train.eval_tasks as a hook of the training loop (none without tasks): at every evaluation,
+    the tasks scored on the current parameters by the code of `evaluate --task` (the same numbers
+    as on that step's checkpoint), as {task/NAME/METRIC: value}. The task files are read here, so
+    a bad one fails before the loop tokenizes anything."""
+    tasks = read_training_tasks(cfg)
+    if not tasks:
+        return ()
+
+    def score_tasks(ctx: hooks.Context, state: hooks.LoopState, step: int) -> dict:
+        loaded = load.LoadedModel(ctx.cfg, state.train.params, ctx.corpus.tokenizer, step, str(ctx.run_dir.root))
+        line = {}
+        for name, examples in tasks.items():
+            metrics = score_task(loaded, examples)
+            line |= {f"task/{name}/{k}": float(v) for k, v in metrics.items() if k not in ("kind", "n")}
+        return line
+
+    return (hooks.Hook("tasks", loop.at_eval(cfg), score_tasks),)

@@ -1,5 +1,8 @@
-"""Starting a run from Hugging Face weights (`train.init_from=DIR`): the inverse of
-`export --format hf`, for any transformers GPT-2 folder (model.family=gpt2) or Llama folder
+"""The model's parameters as flat named tensors, and Hugging Face weights read into them.
+
+`flatten_params` names every parameter by its flax path joined by '/' (the native export's
+names); `read_params` starts a run from Hugging Face weights (`train.init_from=DIR`): the inverse
+of `export --format hf`, for any transformers GPT-2 folder (model.family=gpt2) or Llama folder
 (model.family=llama) whose shapes fit the config: `config.json` and `model.safetensors`.
 
 GPT-2: Conv1D weights are [in, out], our kernels' layout; wte is the tied embedding (an lm_head
@@ -26,10 +29,51 @@ from andrea_jax import model as model_lib
 from andrea_jax.config import Config
 from andrea_jax.errors import LoadError
 from andrea_jax.model.llama import ROPE_THETA
-from andrea_jax.serve.load import unflatten_params
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 GPT2_BUFFERS = ("attn.bias", "attn.masked_bias")
+
+# The one table of names for both directions (read here, written by andrea_jax.serve.export):
+# our flat names -> Hugging Face's, outside the blocks and, under BLOCK + index, inside them.
+GPT2_BLOCK = "transformer.h."
+GPT2_NAMES = {"tok_embedding": "transformer.wte.weight", "pos_embedding": "transformer.wpe.weight",
+              "lnf_scale": "transformer.ln_f.weight", "lnf_bias": "transformer.ln_f.bias"}
+GPT2_BLOCK_NAMES = {  # Conv1D weights are [in, out], our kernels' layout
+    "ln1_scale": "ln_1.weight", "ln1_bias": "ln_1.bias", "attn_qkv_kernel": "attn.c_attn.weight",
+    "attn_qkv_bias": "attn.c_attn.bias", "attn_out_kernel": "attn.c_proj.weight", "attn_out_bias": "attn.c_proj.bias",
+    "ln2_scale": "ln_2.weight", "ln2_bias": "ln_2.bias", "mlp_fc_kernel": "mlp.c_fc.weight",
+    "mlp_fc_bias": "mlp.c_fc.bias", "mlp_proj_kernel": "mlp.c_proj.weight", "mlp_proj_bias": "mlp.c_proj.bias"}
+LLAMA_BLOCK = "model.layers."
+LLAMA_NAMES = {"tok_embedding": "model.embed_tokens.weight", "lnf_scale": "model.norm.weight"}
+LLAMA_HEAD = "lm_head.weight"  # our lm_head_kernel, transposed
+# Every Linear is torch's [out, in], the transpose of our kernel; the norms are not transposed.
+# Our fused attn_qkv_kernel is [q | k | v], the columns of the three projections.
+LLAMA_BLOCK_NAMES = {
+    "ln1_scale": "input_layernorm.weight",
+    "attn_qkv_kernel": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "attn_out_kernel": "self_attn.o_proj.weight",
+    "ln2_scale": "post_attention_layernorm.weight", "mlp_gate_kernel": "mlp.gate_proj.weight",
+    "mlp_up_kernel": "mlp.up_proj.weight", "mlp_proj_kernel": "mlp.down_proj.weight"}
+LLAMA_NORMS = frozenset({"ln1_scale", "ln2_scale"})
+
+
+def flatten_params(params) -> dict[str, np.ndarray]:
+    """{'blocks/attn_qkv_kernel': array, ...}: flax paths joined by '/', as host float32 arrays."""
+    flat = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        flat["/".join(k.key for k in path)] = np.asarray(jax.device_get(leaf))
+    return flat
+
+
+def unflatten_params(flat: dict[str, np.ndarray]) -> dict:
+    tree: dict = {}
+    for name, value in flat.items():
+        node = tree
+        *parents, leaf = name.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
 
 
 def _fail(folder, why: str):
@@ -64,20 +108,14 @@ def _check_architecture(folder, hf: dict, cfg: Config) -> None:
 
 
 def _gpt2_flat(tensors: dict, L: int) -> dict[str, np.ndarray]:
-    """Our flat parameter names (load.flatten_params) from GPT-2's tensors."""
+    """Our flat parameter names (flatten_params) from GPT-2's tensors."""
     t = lambda name: tensors.pop(name)
-    flat = {"tok_embedding": t("transformer.wte.weight"), "pos_embedding": t("transformer.wpe.weight"),
-            "lnf_scale": t("transformer.ln_f.weight"), "lnf_bias": t("transformer.ln_f.bias")}
-    ours = {"ln1_scale": "ln_1.weight", "ln1_bias": "ln_1.bias", "attn_qkv_kernel": "attn.c_attn.weight",
-            "attn_qkv_bias": "attn.c_attn.bias", "attn_out_kernel": "attn.c_proj.weight",
-            "attn_out_bias": "attn.c_proj.bias", "ln2_scale": "ln_2.weight", "ln2_bias": "ln_2.bias",
-            "mlp_fc_kernel": "mlp.c_fc.weight", "mlp_fc_bias": "mlp.c_fc.bias",
-            "mlp_proj_kernel": "mlp.c_proj.weight", "mlp_proj_bias": "mlp.c_proj.bias"}
-    for name, theirs in ours.items():
-        flat[f"blocks/{name}"] = np.stack([t(f"transformer.h.{i}.{theirs}") for i in range(L)])
+    flat = {ours: t(theirs) for ours, theirs in GPT2_NAMES.items()}
+    for name, theirs in GPT2_BLOCK_NAMES.items():
+        flat[f"blocks/{name}"] = np.stack([t(f"{GPT2_BLOCK}{i}.{theirs}") for i in range(L)])
     for i in range(L):
         for buffer in GPT2_BUFFERS:
-            tensors.pop(f"transformer.h.{i}.{buffer}", None)
+            tensors.pop(f"{GPT2_BLOCK}{i}.{buffer}", None)
     head = tensors.pop("lm_head.weight", None)
     if head is not None and not np.array_equal(head, flat["tok_embedding"]):
         raise ValueError("lm_head.weight differs from transformer.wte.weight (GPT-2's head is tied)")
@@ -86,22 +124,17 @@ def _gpt2_flat(tensors: dict, L: int) -> dict[str, np.ndarray]:
 
 def _llama_flat(tensors: dict, L: int) -> dict[str, np.ndarray]:
     t = lambda name: tensors.pop(name)
-    flat = {"tok_embedding": t("model.embed_tokens.weight"), "lnf_scale": t("model.norm.weight"),
-            "lm_head_kernel": t("lm_head.weight").T}
-    layer = lambda i, name: t(f"model.layers.{i}.{name}")
-    rows = {"ln1_scale": [], "attn_qkv_kernel": [], "attn_out_kernel": [], "ln2_scale": [],
-            "mlp_gate_kernel": [], "mlp_up_kernel": [], "mlp_proj_kernel": []}
+    flat = {ours: t(theirs) for ours, theirs in LLAMA_NAMES.items()} | {"lm_head_kernel": t(LLAMA_HEAD).T}
+    layer = lambda i, name: t(f"{LLAMA_BLOCK}{i}.{name}")
+
+    def read(i, name, theirs):
+        if isinstance(theirs, tuple):  # q, k, v: concatenated into our fused kernel
+            return np.concatenate([layer(i, x).T for x in theirs], axis=1)
+        return layer(i, theirs) if name in LLAMA_NORMS else layer(i, theirs).T
+
+    rows = {name: [read(i, name, theirs) for i in range(L)] for name, theirs in LLAMA_BLOCK_NAMES.items()}
     for i in range(L):
-        rows["ln1_scale"].append(layer(i, "input_layernorm.weight"))
-        rows["attn_qkv_kernel"].append(np.concatenate(
-            [layer(i, f"self_attn.{x}_proj.weight").T for x in "qkv"], axis=1))
-        rows["attn_out_kernel"].append(layer(i, "self_attn.o_proj.weight").T)
-        rows["ln2_scale"].append(layer(i, "post_attention_layernorm.weight"))
-        rows["mlp_gate_kernel"].append(layer(i, "mlp.gate_proj.weight").T)
-        rows["mlp_up_kernel"].append(layer(i, "mlp.up_proj.weight").T)
-        rows["mlp_proj_kernel"].append(layer(i, "mlp.down_proj.weight").T)
-    for i in range(L):
-        tensors.pop(f"model.layers.{i}.self_attn.rotary_emb.inv_freq", None)  # a buffer of old checkpoints
+        tensors.pop(f"{LLAMA_BLOCK}{i}.self_attn.rotary_emb.inv_freq", None)  # a buffer of old checkpoints
     return flat | {f"blocks/{name}": np.stack(v) for name, v in rows.items()}
 
 

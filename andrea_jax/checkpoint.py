@@ -1,7 +1,7 @@
-"""Orbax checkpoints of a run: the train state, the data loader's position and the per-step
-losses, saved together.
+"""The checkpoint format of a run, written and read only here: the train state, the data
+loader's position and the per-step losses, saved together by Orbax.
 
-A checkpoint is `WORKDIR/checkpoints/STEP/{state,data,losses}`; orbax writes it to a temporary
+A checkpoint is `WORKDIR/checkpoints/STEP/{state,data,losses}` (the item names below); orbax writes it to a temporary
 folder and renames it when complete, so a run killed mid-save leaves the previous checkpoint
 intact. Restoring takes the newest checkpoint that can be read: one that cannot is reported and
 left where it is, until the resumed run saves that step again and sets it aside as
@@ -21,8 +21,10 @@ from jax.experimental import multihost_utils
 from andrea_jax.errors import CheckpointError
 from andrea_jax.workdir import Workdir
 
-
-
+# The items of a checkpoint: the train state (its `params` subtree is what inference reads), the
+# loader's position, and the losses of steps 1..STEP.
+STATE, DATA, LOSSES = "state", "data", "losses"
+LOSSES_KEY = "step_losses"
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
@@ -45,9 +47,9 @@ def save(mngr: ocp.CheckpointManager, step: int, state, data_state: dict, step_l
     if step in mngr.all_steps():  # only an unreadable checkpoint the run resumed before
         _set_aside(mngr, step)
     losses = [float(v) for v in np.asarray(step_losses, np.float32)]
-    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                            data=ocp.args.JsonSave(data_state),
-                                            losses=ocp.args.JsonSave({"step_losses": losses})), force=True)
+    mngr.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state),
+                                               DATA: ocp.args.JsonSave(data_state),
+                                               LOSSES: ocp.args.JsonSave({LOSSES_KEY: losses})}), force=True)
 
 
 def _set_aside(mngr: ocp.CheckpointManager, step: int) -> None:
@@ -83,18 +85,29 @@ def restore_newest_readable(mngr: ocp.CheckpointManager, target_state) -> Restor
     for step in sorted(mngr.all_steps(), reverse=True):
         restored, reason = None, "unreadable on another process"
         try:
-            restored = mngr.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target_state), data=ocp.args.JsonRestore(),
-                losses=ocp.args.JsonRestore()))
-            losses = restored.losses["step_losses"]
+            restored = mngr.restore(step, args=ocp.args.Composite(**{
+                STATE: ocp.args.StandardRestore(target_state), DATA: ocp.args.JsonRestore(),
+                LOSSES: ocp.args.JsonRestore()}))
+            losses = restored[LOSSES][LOSSES_KEY]
             if len(losses) != step:
                 raise ValueError(f"it holds {len(losses)} step losses, not {step}")
         except Exception as e:  # orbax/tensorstore raise many types; all mean the same to the user
             restored, reason = None, _reason(e)
         if _all_processes(restored is not None):
-            return Restored(step, restored.state, restored.data, [float(v) for v in losses], tuple(unreadable))
+            return Restored(step, restored[STATE], restored[DATA], [float(v) for v in losses], tuple(unreadable))
         unreadable.append(f"{pathlib.Path(mngr.directory) / str(step)} ({reason})")
     if unreadable:
         raise CheckpointError(f"no checkpoint of {mngr.directory} can be restored: {'; '.join(unreadable)}; "
                               f"they are left as they are: move them away to start afresh, or use another workdir")
     return None
+
+
+def read_params(step_dir: pathlib.Path, params_target):
+    """The `params` subtree of the train state saved in step_dir, read alone (never the optimizer
+    state), placed as the jax.ShapeDtypeStructs of `params_target` say."""
+    target = {"params": params_target}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    with ocp.PyTreeCheckpointer() as ckptr:
+        restored = ckptr.restore(pathlib.Path(step_dir) / STATE, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True))
+    return restored["params"]
