@@ -38,7 +38,7 @@ def lm_eval() -> int | None:
 
 
 def prepare() -> int:
-    from andrea_jax.data import beam_prepare as command  # tokenizers and Beam: no jax
+    from andrea_jax.data.prepare import driver as command  # tokenizers and Beam: no jax
     return command.main()
 
 

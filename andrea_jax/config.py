@@ -205,8 +205,6 @@ class DataConfig:
     val_fraction: float = 0.05  # tail of the token stream held out as the fixed validation set (no tfds_val_split)
     tokenizer: str = ""         # path of a tokenizer.json to use; empty = train on the corpus (cached beside it)
     tokenizer_sample_mb: int = 64  # a trained tokenizer sees a seeded uniform sample of about this much of the documents
-    pretokenize: bool = True    # false: grain workers tokenize and pack documents on the fly (slower, not bit-identical)
-    stream_workers: int = 2     # pretokenize=false: grain worker processes that tokenize (0 = in the training process)
 
     def check(self) -> None:
         d = self
@@ -224,9 +222,6 @@ class DataConfig:
         _need(d.source != "tfds" or bool(d.tfds_split), "data.tfds_split", "must name the split to train on")
         _need(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
         _positive("data", d, "tokenizer_sample_mb")
-        _need(d.stream_workers >= 0, "data.stream_workers", f"must be >= 0, got {d.stream_workers}")
-        _need(d.pretokenize or d.source != "prepared", "data.pretokenize",
-              "must be true with data.source=prepared: a prepared dataset is already tokenized")
 
 
 @dataclass(frozen=True)
@@ -288,8 +283,14 @@ class Config:
         return dataclasses.asdict(self)
 
 
+# Keys that configs saved in runs and exports may hold though no field reads them: from_dict drops them.
+RETIRED = {"data": ("pretokenize", "stream_workers")}
+
+
 def from_dict(tree: dict) -> Config:
     """A validated Config from its `to_dict()` form; an unknown key (from a newer version) is a ConfigError."""
+    tree = {name: {k: v for k, v in fields.items() if k not in RETIRED[name]} if name in RETIRED else fields
+            for name, fields in tree.items()}
     try:
         kinds = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
         unknown = sorted(set(tree) - set(kinds))

@@ -20,7 +20,7 @@
 
     python benchmarks/data.py                      # loader + pretokenization, synthetic 64M tokens
     python benchmarks/data.py --doc-tokens 50      # short documents: many records per window
-    python benchmarks/data.py --tokens DIR         # a prepared token dataset (prepare.py --out DIR)
+    python benchmarks/data.py --tokens DIR         # a prepared token dataset (andrea-prepare --out DIR)
     python benchmarks/data.py --prepare            # + the Beam preparation, 1 and 2 workers
     python benchmarks/data.py --only-prepare --prepare-runner dask   # the preparation on Dask
 """
@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from andrea_jax.data import loader, pipeline, shard_writer, tokenize, token_shards, tokenizer  # noqa: E402
+from andrea_jax.data import loader, pipeline, shard_writer, token_cache, token_shards, tokenizer  # noqa: E402
 
 SEQ_LEN = 1024
 # (global batch, process count): the per-process batch is their quotient.
@@ -81,14 +81,14 @@ def synthetic_dataset(folder: pathlib.Path, n_tokens: int, shards: int, doc_toke
 def measure_pretokenize(tok, copies: int) -> tuple[float, float]:
     docs = pipeline.read_text(pipeline.EMBEDDED_CORPUS).split("\n\n") * copies
     start = time.perf_counter()
-    ids = tokenize.encode_documents(tok, docs)
+    ids = token_cache.encode_documents(tok, docs)
     seconds = time.perf_counter() - start
     return sum(len(d.encode()) for d in docs) / seconds, len(ids) / seconds
 
 
 def measure_prepare(tok_path: pathlib.Path, folder: pathlib.Path, megabytes: int, workers: int, shards: int,
                     runner: str = "direct") -> dict:
-    from andrea_jax.data import beam_prepare as prepare
+    from andrea_jax.data.prepare import driver as prepare
 
     corpus = folder / "corpus"
     if not corpus.is_dir():

@@ -25,9 +25,9 @@ TAIL_LINES = 15
 # extra: (the command whose --help must run, a Python check that the extra does its job)
 EXTRAS = {
     "dask": (["andrea-prepare", "--help"],
-             "import andrea_jax.data.beam_pipeline, andrea_jax.data.dask_cluster, distributed, "
+             "import andrea_jax.data.prepare.pipelines, andrea_jax.data.prepare.dask_cluster, distributed, "
              "apache_beam.runners.dask.dask_runner"),
-    "beam": (["andrea-prepare", "--help"], "import andrea_jax.data.beam_pipeline"),
+    "beam": (["andrea-prepare", "--help"], "import andrea_jax.data.prepare.pipelines"),
     "eval": (["andrea-lm-eval", "--help"],
              "from andrea_jax.serve import lm_eval_adapter as a; from lm_eval.api.registry import get_model; "
              "assert a.HAVE_LM_EVAL and get_model('andrea') is a.AndreaLM"),

@@ -190,7 +190,7 @@ def test_each_setting_is_refused_confirmable_or_free_on_resume_as_documented(tmp
     # The keys docs/TRAINING.md names, so that none of them can silently leave the table above.
     assert {k for k, v in kinds.items() if v == "identity"} >= {
         "prores.schedule", "prores.warmup", "model.n_layer", "data.source", "data.val_fraction", "data.tfds_split",
-        "data.pretokenize", "train.seed", "train.batch_size"}
+        "train.seed", "train.batch_size"}
     assert {k for k, v in kinds.items() if v == "schedule"} >= {"train.steps", "optim.lr", "optim.schedule",
                                                                  "optim.warmup_steps", "optim.weight_decay"}
 

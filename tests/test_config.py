@@ -63,7 +63,8 @@ def test_unknown_config_name_lists_the_known_ones(capsys, tmp_path):
     ("model.n_layers=4", "unknown config key 'model.n_layers'; did you mean model.n_layer?"),
     ("modle.n_layer=4", "unknown config key 'modle.n_layer': no section 'modle'; did you mean model.n_layer?"),
     ("train.lr=1e-3", "unknown config key 'train.lr'; did you mean optim.lr?"),   # the name in another section
-    ("diagnostic.zzz=1", "unknown config key 'diagnostic.zzz': no section 'diagnostic'; did you mean section diagnostics?"),
+    ("diagnostic.zzz=1",
+     "unknown config key 'diagnostic.zzz': no section 'diagnostic'; did you mean section diagnostics?"),
     ("model.qqqq=1", "unknown config key 'model.qqqq'"),                         # nothing near: no guess
     ("xyz.abc=1", "unknown config key 'xyz.abc': no section 'xyz'"),
 ])
@@ -76,6 +77,15 @@ def test_unknown_section_of_a_saved_config_suggests_the_nearest():
     tree = config_lib.load("tiny").to_dict()
     tree["modle"] = tree.pop("model")
     with pytest.raises(config_lib.ConfigError, match=r"^unknown config section 'modle'; did you mean model\?$"):
+        config_lib.from_dict(tree)
+
+
+def test_a_saved_config_with_retired_keys_still_loads():
+    tree = config_lib.load("tiny").to_dict()
+    tree["data"] |= {"pretokenize": True, "stream_workers": 2}
+    assert config_lib.from_dict(tree) == config_lib.from_dict(config_lib.load("tiny").to_dict())
+    tree["data"]["path_typo"] = "x"   # a key that was never a field is still refused
+    with pytest.raises(config_lib.ConfigError):
         config_lib.from_dict(tree)
 
 

@@ -38,9 +38,9 @@ def test_missing_path(tmp_path, tok_path):
 
 
 def test_prepare_names_its_own_flag(tmp_path, capsys):
-    from andrea_jax.data import beam_prepare
+    from andrea_jax.data.prepare import driver
 
-    assert beam_prepare.main(["--source", "files", "--path", str(tmp_path / "nowhere"),
+    assert driver.main(["--source", "files", "--path", str(tmp_path / "nowhere"),
                               "--out", str(tmp_path / "out")]) == 1
     assert capsys.readouterr().err == f"error: --path '{tmp_path}/nowhere': no such file or folder\n"
 
@@ -125,8 +125,9 @@ def test_tfds_dataset_not_prepared_says_how_and_where(tmp_path, monkeypatch):
     monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_network)
     with pytest.raises(DataError, match=r"and downloading it failed \(ConnectionError: Failed to resolve "
                                         r"storage.googleapis.com\): prepare it where there is network"):
-        pipeline.tokenized_corpus(config_lib.DataConfig(source="tfds", tfds_name="lm1b", data_dir=str(tmp_path / "tfds")),
-                         vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
+        pipeline.tokenized_corpus(
+            config_lib.DataConfig(source="tfds", tfds_name="lm1b", data_dir=str(tmp_path / "tfds")),
+            vocab_size=300, seq_len=8, cache_dir=tmp_path / "cache")
 
     with pytest.raises(DataError, match=rf"TFDS dataset 'no_such_dataset_xyz' has no builder here and no "
                                         rf"prepared copy in data_dir {tmp_path}/tfds: prepare it"):
@@ -147,9 +148,10 @@ def test_data_error_is_one_line_and_exit_1_from_train_py(tmp_path, monkeypatch, 
 @pytest.mark.parametrize("sets, message", [
     (["data.source=web"], "data.source: unknown source 'web'; known: embedded, files, tfds, prepared"),
     (["data.source=files"], "data.path: data.source=files needs a folder, file or glob"),
-    (["data.source=prepared"], "data.path: data.source=prepared needs the folder written by python -m andrea_jax.data.prepare"),
+    (["data.source=prepared"],
+     "data.path: data.source=prepared needs the folder written by python -m andrea_jax.data.prepare"),
     (["data.tokenizer_sample_mb=0"], "data.tokenizer_sample_mb: must be positive, got 0"),
-    (["data.stream_workers=-1"], "data.stream_workers: must be >= 0, got -1"),
+    (["data.pretokenize=false"], "unknown config key 'data.pretokenize'"),  # the token cache is the one route
     (["data.path=/x"], "data.path: is only read with data.source=files or prepared, not 'embedded'"),
     (["data.source=tfds"], "data.tfds_name: data.source=tfds needs a TFDS dataset name"),
     (["data.tfds_val_split=test"], "data.tfds_val_split: is only read with data.source=tfds"),

@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 import train as train_cli
 from andrea_jax import checkpoint
 from andrea_jax import config as config_lib
-from andrea_jax.data import loader, pipeline, tokenize, token_shards, tokenizer as tok_lib
+from andrea_jax.data import loader, pipeline, token_cache, token_shards, tokenizer as tok_lib
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 
@@ -92,7 +92,7 @@ def counting(monkeypatch, module, name):
 def test_second_build_reads_the_cache_and_tokenizes_nothing(tmp_path, cache, monkeypatch):
     write_corpus(tmp_path / "corpus")
     cfg = files_cfg(tmp_path / "corpus")
-    encodes = counting(monkeypatch, tokenize, "encode_batch")
+    encodes = counting(monkeypatch, token_cache, "encode_batch")
     trains = counting(monkeypatch, tok_lib, "train")
     first = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     assert len(encodes) > 0 and len(trains) == 1

@@ -13,7 +13,8 @@ import tensorflow_datasets as tfds
 
 import train as train_cli
 from andrea_jax import config as config_lib
-from andrea_jax.data import pipeline, beam_prepare as prepare, corpus_units, tokenize, sampling, token_shards, tokenizer as tok_lib
+from andrea_jax.data import pipeline, sampling, token_cache, token_shards, tokenizer as tok_lib
+from andrea_jax.data.prepare import corpus_units, driver as prepare
 from andrea_jax.errors import DataError
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
@@ -139,7 +140,7 @@ def test_trained_tokenizer_sees_a_uniform_sample_from_the_whole_corpus(tmp_path,
     # The tokenizer's hash names the dataset (TFDS's config name) and labels the manifest and shards.
     out = tmp_path / "out"
     tok_hash = tokens_hash(out)
-    assert tok_hash == tokenize.tokenizer_hash(got)
+    assert tok_hash == token_cache.tokenizer_hash(got)
     assert tfds.builder_from_directory(str(out)).info.config_name == tok_hash
     assert all(json.loads(p.read_text())["tokenizer"] == tok_hash for p in out.glob("*.done.json"))
 
@@ -178,7 +179,8 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, tok_path, capsys):
     capsys.readouterr()
     assert run(tmp_path / "corpus", out, "--tokenizer", str(other)) == 1
     line = error_line(capsys)
-    assert line.startswith(f"error: --tokenizer {other} (hash ") and f"is not the tokenizer {out}/tokenizer.json" in line
+    assert line.startswith(f"error: --tokenizer {other} (hash ")
+    assert f"is not the tokenizer {out}/tokenizer.json" in line
 
     # Training on it with another tokenizer is refused by the loader, naming the manifest.
     cfg = config_lib.DataConfig(source="prepared", path=str(out), tokenizer=str(other))
@@ -297,4 +299,5 @@ def test_a_prepared_corpus_trains_with_data_source_prepared(source, tmp_path, to
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
     assert all(np.isfinite(line["loss"]) for line in lines) and np.isfinite(lines[-1]["val_loss"])
-    assert tok_lib.load(run / "tokenizer.json").to_str() == tok_lib.load(out / "tokenizer.json").to_str() == tok.to_str()
+    assert (tok_lib.load(run / "tokenizer.json").to_str() == tok_lib.load(out / "tokenizer.json").to_str()
+            == tok.to_str())

@@ -20,7 +20,7 @@ import portpicker
 import pytest
 
 from _corpus import PARAGRAPHS, write_corpus
-from andrea_jax.data import beam_pipeline, beam_prepare as prepare, dask_cluster
+from andrea_jax.data.prepare import dask_cluster, driver as prepare, pipelines
 
 
 def _stop(procs):
@@ -113,7 +113,8 @@ def test_dask_output_is_the_direct_runners_byte_for_byte(tokenizer, scheduler, t
 
 def test_local_dask_cluster_and_an_empty_corpus_without_tokenizer(tmp_path, tok_path, capsys):
     """No --scheduler: a local cluster of --workers processes. A corpus without documents is
-    reported as such (Top.Smallest's lost output used to report every corpus so on Dask)."""
+    reported as such, and only such a corpus (on Dask, Top.Smallest's output is lost, which must not
+    read as an empty corpus)."""
     corpus = write_corpus(tmp_path / "corpus", n_files=2)
     assert run(corpus, tmp_path / "direct", "--tokenizer", str(tok_path), shards=2) == 0
     assert run(corpus, tmp_path / "dask", "--tokenizer", str(tok_path), "--runner", "dask", shards=2) == 0, \
@@ -136,16 +137,16 @@ def _plan(tmp_path, shards=3):
 
 def test_each_pipeline_ends_in_one_transform_that_needs_all_its_work(tmp_path):
     """The Dask runner computes only the graph's last transform: everything else must lead to it."""
-    for graph in (lambda p: beam_pipeline.tokenizer_graph(p, _plan(tmp_path), 0, 10, 300),
-                  lambda p: beam_pipeline.shards_graph(p, _plan(tmp_path), "h", 300)):
+    for graph in (lambda p: pipelines.tokenizer_graph(p, _plan(tmp_path), 0, 10, 300),
+                  lambda p: pipelines.shards_graph(p, _plan(tmp_path), "h", 300)):
         p = beam.Pipeline()
         graph(p)
-        assert beam_pipeline.ends_in_one_sink(p) == []
+        assert pipelines.ends_in_one_sink(p) == []
     # The check sees a branch that the last transform does not need.
     p = beam.Pipeline()
     _ = p | "Dangling" >> beam.Create([1]) | "Lost" >> beam.Map(print)
-    beam_pipeline.shards_graph(p, _plan(tmp_path), "h", 300)
-    skipped = beam_pipeline.ends_in_one_sink(p)
+    pipelines.shards_graph(p, _plan(tmp_path), "h", 300)
+    skipped = pipelines.ends_in_one_sink(p)
     assert "Lost" in skipped and all(label == "Lost" or label.startswith("Dangling/") for label in skipped), skipped
 
 

@@ -18,7 +18,8 @@ import pytest
 from etils import epath
 
 import train as train_cli
-from andrea_jax.data import beam_prepare as prepare, bucket_cache, pipeline, token_shards
+from andrea_jax.data import bucket_cache, pipeline, token_shards
+from andrea_jax.data.prepare import driver as prepare
 from andrea_jax.errors import DataError
 from _corpus import write_corpus
 

@@ -301,7 +301,7 @@ COMMANDS = {  # the command's module, the module and name of its heavy step, its
     "generate": ("andrea_jax.serve.generate", "andrea_jax.serve.load", "load_from_args",
                  ["--workdir", "w", "--prompt", "hi"]),
     "evaluate": ("andrea_jax.serve.evaluate", "andrea_jax.serve.load", "load_from_args", ["--workdir", "w"]),
-    "prepare": ("andrea_jax.data.beam_prepare", "andrea_jax.data.beam_prepare", "run_pipeline",
+    "prepare": ("andrea_jax.data.prepare.driver", "andrea_jax.data.prepare.driver", "run_pipeline",
                 ["--source", "files", "--path", "in", "--out", "out"]),
 }
 

@@ -1,19 +1,25 @@
-"""Local text files -> documents: a `.txt` file is one document, each `.jsonl` line one (its `text`).
+"""The one reader of documents, for training and for the preparation alike.
 
-Every bad input stops with a DataError naming the file (and line); invalid UTF-8 is decoded with
-U+FFFD and counted in one DataWarning per file, never a crash.
+Files: a `.txt` file is one document; each line of a JSON-lines file (`.jsonl`, `.json`, either
+gzipped) one, its `text`; each row of a `.parquet` file one, its `text` column. Records of a
+prepared dataset: their `text` (`record_texts`). Every bad input stops with a DataError naming the
+file (and line); invalid UTF-8 is decoded with U+FFFD and counted in one DataWarning per file,
+never a crash.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
+import gzip
 import json
 import pathlib
 import warnings
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from andrea_jax.errors import DataError, DataWarning
 
-SUFFIXES = (".txt", ".jsonl")
+SUFFIXES = (".txt", ".jsonl")   # what data.path reads; the preparation's --path reads more
+READ_RECORDS = 512               # records fetched from a dataset per read
 _REPLACEMENT_UTF8 = "\ufffd".encode()
 
 
@@ -73,27 +79,74 @@ def _jsonl_text(path: pathlib.Path, lineno: int, line: str) -> str:
     return record["text"]
 
 
-def read_documents(path: pathlib.Path) -> Iterator[str]:
-    """The non-blank documents of one file, in file order."""
-    replaced = 0
+def _json_lines(path, lines, replaced: list[int]) -> Iterator[str]:
+    """The non-blank `text` fields of a JSON-lines file's lines; adds the invalid UTF-8 sequences
+    replaced to replaced[0]."""
+    offset = 0
+    for lineno, raw in enumerate(lines, 1):
+        _check_not_binary(path, raw, offset)
+        offset += len(raw)
+        line, bad = decode(raw)
+        replaced[0] += bad
+        if line.strip():
+            text = _jsonl_text(path, lineno, line)
+            if text.strip():
+                yield text
+
+
+def _parquet_documents(path) -> Iterator[str]:
+    """The non-blank `text` column of a parquet file (C4, FineWeb, ...)."""
+    import pyarrow.parquet as pq
+
+    from andrea_jax.data import storage
+
+    try:
+        table = pq.ParquetFile(storage.open_binary(path))
+        if "text" not in table.schema_arrow.names:
+            raise DataError(f"{path}: no 'text' column (it has: {', '.join(table.schema_arrow.names)})")
+        for batch in table.iter_batches(columns=["text"], batch_size=4096):
+            for text in batch.column(0).to_pylist():
+                if text and text.strip():
+                    yield text
+    except DataError:
+        raise
+    except Exception as e:  # pyarrow's errors: a truncated or non-parquet file
+        raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+
+
+def read_documents(path) -> Iterator[str]:
+    """The non-blank documents of one file (a local path or a gs:// object), in file order."""
+    if path.name.endswith(".parquet"):
+        yield from _parquet_documents(path)
+        return
+    replaced = [0]
     if path.suffix == ".txt":
         data = path.read_bytes()
         _check_not_binary(path, data, 0)
-        text, replaced = decode(data)
+        text, replaced[0] = decode(data)
         if text.strip():
             yield text
     else:
-        offset = 0
-        with path.open("rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                _check_not_binary(path, raw, offset)
-                offset += len(raw)
-                line, bad = decode(raw)
-                replaced += bad
-                if line.strip():
-                    text = _jsonl_text(path, lineno, line)
-                    if text.strip():
-                        yield text
-    if replaced:
-        warnings.warn(f"{path}: {replaced} invalid UTF-8 sequence(s) replaced by U+FFFD", DataWarning,
+        try:
+            with path.open("rb") as file, (gzip.open(file, "rb") if path.name.endswith(".gz")
+                                          else contextlib.nullcontext(file)) as lines:
+                yield from _json_lines(path, lines, replaced)
+        except (OSError, EOFError) as e:  # gzip: a truncated download or not gzip at all
+            raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    if replaced[0]:
+        warnings.warn(f"{path}: {replaced[0]} invalid UTF-8 sequence(s) replaced by U+FFFD", DataWarning,
                       stacklevel=2)
+
+
+def record_texts(records: Sequence, max_bytes: int | None = None) -> Iterator[str]:
+    """The `text` of a dataset's records in order, stopping after about `max_bytes` of text when given."""
+    seen = 0
+    read_many = getattr(records, "__getitems__", lambda ids: [records[i] for i in ids])
+    for start in range(0, len(records), READ_RECORDS):
+        for record in read_many(range(start, min(start + READ_RECORDS, len(records)))):
+            text = record["text"]
+            text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+            yield text
+            seen += len(text)
+            if max_bytes is not None and seen >= max_bytes:
+                return

@@ -2,12 +2,11 @@
 batches. `build(cfg, workdir)` is all the trainer calls.
 
 The tokens are always a token dataset of token_shards.py: for embedded, files and tfds the cache of
-one shard made here on first use (tokenize.py); for data.source=prepared the K shards that
-`python -m andrea_jax.data.prepare` wrote. With data.pretokenize=false the training documents are
-tokenized as they stream instead (streaming.py).
+one shard made here on first use (token_cache.py); for data.source=prepared the K shards that
+`python -m andrea_jax.data.prepare` wrote.
 
 The validation set is a separate split where the source has one (data.tfds_val_split), otherwise
-the last data.val_fraction of the token stream (streaming: of the documents); either way it is
+the last data.val_fraction of the token stream; either way it is
 fixed for a given dataset and tokenizer, and the same on every run.
 """
 from __future__ import annotations
@@ -20,10 +19,9 @@ import os
 import pathlib
 
 import jax
-import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax.data import (bucket_cache, loader, tokenize, sampling, sources, storage, streaming, token_shards,
+from andrea_jax.data import (bucket_cache, loader, sampling, sources, storage, token_cache, token_shards,
                              tokenizer as tokenizer_lib)
 from andrea_jax.errors import DataError
 from andrea_jax.workdir import Workdir
@@ -36,14 +34,11 @@ TOKENIZER_SAMPLE_CHARS = 64 << 20   # default data.tokenizer_sample_mb: a traine
 class TokenizedCorpus:
     tokenizer: Tokenizer
     train_tokens: token_shards.ShardedTokens   # token ids, end-of-text after each document (np.asarray: an array)
-    val_tokens: token_shards.ShardedTokens     # (an array with data.pretokenize=false)
+    val_tokens: token_shards.ShardedTokens
     key: str                   # the dataset, splits and tokenizer: what a saved loader state must match
-    train_documents: int = 0   # data.pretokenize=false: the documents streamed (train_tokens is then empty)
 
     @property
     def train_size(self) -> str:
-        if self.train_documents:
-            return f"{self.train_documents:,} training documents (tokenized as they stream)"
         return f"{len(self.train_tokens):,} training tokens"
 
 
@@ -74,7 +69,7 @@ def _tokenizer(source: sources.Source, data_cfg, vocab_size: int, beside: pathli
             sample_mb = getattr(data_cfg, "tokenizer_sample_mb", TOKENIZER_SAMPLE_CHARS >> 20)
             suffix = "" if sample_mb << 20 == TOKENIZER_SAMPLE_CHARS else f"-s{sample_mb}mb"
             tok = tokenizer_lib.load_or_train_at(
-                beside / f"tokenizer-{tokenize.safe_name(split)}-v{vocab_size}{suffix}.json",
+                beside / f"tokenizer-{token_cache.safe_name(split)}-v{vocab_size}{suffix}.json",
                 sampling.sample_texts(source.train, sample_mb << 20, seed=0), vocab_size)
         except ValueError as e:  # too little text for the vocabulary
             raise DataError(f"corpus {source.name}: {e}") from None
@@ -110,7 +105,7 @@ def _open_prepared(data_cfg, vocab_size: int, cache_dir: pathlib.Path):
     if not tok_file.is_file():
         raise DataError(f"tokenizer {tok_file} of prepared dataset {folder} does not exist")
     tok = tokenizer_lib.load(tok_file)
-    tokens = token_shards.ShardedTokens.open(folder, expect_tokenizer=tokenize.tokenizer_hash(tok),
+    tokens = token_shards.ShardedTokens.open(folder, expect_tokenizer=token_cache.tokenizer_hash(tok),
                                              tokenizer_name=f"tokenizer {tok_file}")
     if tok.get_vocab_size() != vocab_size:
         raise DataError(f"tokenizer {tok_file} has {tok.get_vocab_size()} tokens but model.vocab_size is {vocab_size}")
@@ -130,13 +125,13 @@ def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None)
             source = sources.open_source(data_cfg, cache_dir)
             beside = _cache_dir_beside(source.dataset_dir, cache_dir)
             tok = _tokenizer(source, data_cfg, vocab_size, beside, split)
-            tokens = tokenize.load_or_tokenize(source.train, tok, beside, split, source.name)
+            tokens = token_cache.load_or_tokenize(source.train, tok, beside, split, source.name)
             if source.val is not None:
-                val_tokens = tokenize.load_or_tokenize(source.val, tok, beside, data_cfg.tfds_val_split,
+                val_tokens = token_cache.load_or_tokenize(source.val, tok, beside, data_cfg.tfds_val_split,
                                                           source.name)
         name = source.name
         # Location-free: the same data restores from another data_dir; n_tokens (in the fingerprint) adds the rest.
-        key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{tokenize.tokenizer_hash(tok)}"
+        key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{token_cache.tokenizer_hash(tok)}"
     if val_tokens is not None:
         train_tokens = tokens
         val_name = f"validation split {data_cfg.tfds_val_split!r}"
@@ -152,42 +147,9 @@ def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None)
 
 
 def fingerprint(cfg, corpus: TokenizedCorpus) -> dict:
-    if corpus.train_documents:  # streaming: the state is the grain workers' positions
-        return loader.state_fingerprint(
-            tokens_key=f"{corpus.key}:stream:{cfg.data.stream_workers}-workers",
-            n_tokens=corpus.train_documents, seq_len=cfg.model.seq_len, global_batch=cfg.train.batch_size,
-            seed=cfg.train.seed)
     return loader.state_fingerprint(tokens_key=corpus.key, n_tokens=len(corpus.train_tokens),
                                     seq_len=cfg.model.seq_len, global_batch=cfg.train.batch_size,
                                     seed=cfg.train.seed)
-
-
-def streamed(data_cfg, *, vocab_size: int, seq_len: int, max_val_windows: int, cache_dir=None):
-    """(corpus, training documents) of data.pretokenize=false: the tokenizer as tokenized_corpus() makes it,
-    the training documents untokenized, the validation documents (a split, or the last val_fraction
-    of the documents) tokenized here, as far as the validation batches read."""
-    cache_dir = pathlib.Path(cache_dir or tokenizer_lib.default_cache_dir())
-    split = data_cfg.tfds_split if data_cfg.source == "tfds" else "train"
-    with _build_lock(cache_dir):
-        source = sources.open_source(data_cfg, cache_dir)
-        tok = _tokenizer(source, data_cfg, vocab_size, _cache_dir_beside(source.dataset_dir, cache_dir), split)
-    if source.val is not None:
-        train_docs, val_docs = source.train, source.val
-    else:
-        n = len(source.train)
-        n_val = max(1, int(n * data_cfg.val_fraction))
-        if n - n_val < 1:
-            raise DataError(f"corpus {source.name} has {n} document(s): too few to hold out a validation part "
-                            f"of whole documents (data.pretokenize=false)")
-        train_docs = sampling._Subset(source.train, range(n - n_val))
-        val_docs = sampling._Subset(source.train, range(n - n_val, n))
-    val = streaming.val_tokens(val_docs, tok, max_val_windows * seq_len + 1)
-    if len(val) < seq_len + 1:
-        raise DataError(f"the validation documents of corpus {source.name} have {len(val)} tokens, fewer "
-                        f"than one window of model.seq_len + 1 = {seq_len + 1}")
-    key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{tokenize.tokenizer_hash(tok)}"
-    corpus = TokenizedCorpus(tok, np.zeros(0, np.uint16), val, key, train_documents=len(train_docs))
-    return corpus, train_docs
 
 
 def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None,
@@ -197,17 +159,10 @@ def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None
     index = jax.process_index() if process_index is None else process_index
     count = jax.process_count() if process_count is None else process_count
     m_cfg, t_cfg = cfg.model, cfg.train
-    if getattr(cfg.data, "pretokenize", True):
-        corpus = tokenized_corpus(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
-        batches = loader.train_iterator(loader.train_dataset(
-            corpus.train_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.seed,
-            process_index=index, process_count=count))
-    else:
-        corpus, docs = streamed(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len,
-                                max_val_windows=t_cfg.batch_size * t_cfg.eval_batches, cache_dir=cache_dir)
-        batches = iter(streaming.train_dataset(
-            docs, corpus.tokenizer.to_str(), seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size,
-            seed=t_cfg.seed, process_index=index, process_count=count, workers=cfg.data.stream_workers))
+    corpus = tokenized_corpus(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
+    batches = loader.train_iterator(loader.train_dataset(
+        corpus.train_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.seed,
+        process_index=index, process_count=count))
     if workdir is not None:
         corpus.tokenizer.save(str(Workdir(workdir).tokenizer))
     val = loader.val_batches(corpus.val_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size,

@@ -11,6 +11,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from andrea_jax.data import documents
+
 _MASK = np.uint64(2**64 - 1)
 
 
@@ -31,13 +33,11 @@ def doc_id(unit: int, index: int) -> int:
 
 def sample_texts(records: Sequence, max_chars: int, seed: int = 0) -> Iterator[str]:
     """About `max_chars` of text: the documents of smallest key, in corpus order."""
-    from andrea_jax.data.tokenize import iter_texts  # records -> texts, as tokenization reads them
-
     order = np.argsort(keys(np.arange(len(records)), seed), kind="stable")
     chosen, seen = [], 0
     for start in range(0, len(order), 4096):
         ids = order[start:start + 4096]
-        for i, text in zip(ids, iter_texts(_Subset(records, ids))):
+        for i, text in zip(ids, documents.record_texts(_Subset(records, ids))):
             chosen.append((int(i), text))
             seen += len(text)
             if seen >= max_chars:

@@ -2,8 +2,8 @@
 TFDS's metadata and the manifest, each file written whole (storage.py: a local file under a
 temporary name and renamed, an object in one upload), so a reader never sees a half-written one.
 Into a gs:// folder, a shard and its index are written locally first and then uploaded:
-array_record's writer cannot write to an object store. The pretokenize cache (andrea_jax.data.tokenize) and the
-Beam preparation (andrea_jax.data.beam_prepare) write through here.
+array_record's writer cannot write to an object store. The pretokenize cache (andrea_jax.data.token_cache) and the
+Beam preparation (andrea_jax.data.prepare.driver) write through here.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ K shards, with an index of token offsets and a manifest.
                                               (Tensor(shape=(None,), encoding=BYTES)), the tokenizer
                                               hash as the config name
     DIR/manifest.json                         written last: the dataset is complete
-    DIR/tokenizer.json                        the tokenizer that made the ids (prepare.py)
+    DIR/tokenizer.json                        the tokenizer that made the ids (andrea_jax.data.prepare)
 
 TFDS reads it as it is, without TensorFlow: `tfds.builder_from_directory(DIR).as_data_source("train")`
 gives every document as {"tokens": ids}. The concatenation of the documents, shard by shard in

@@ -1,4 +1,4 @@
-"""The Apache Beam pipelines of `python -m andrea_jax.data.prepare` (beam_prepare.py drives them),
+"""The Apache Beam pipelines of `python -m andrea_jax.data.prepare` (driver.py drives them),
 two phases, each one pipeline on any runner (Direct, Dask, Flink, Spark, Dataflow):
 
 1. The tokenizer, only when none is given: every document of every unit gets its seeded sample key
@@ -28,7 +28,8 @@ from apache_beam.transforms.combiners import ToListCombineFn, TopCombineFn
 
 from tokenizers import Tokenizer
 
-from andrea_jax.data import corpus_units, sampling, shard_writer, storage, token_shards, tokenize, tokenizer as tokenizer_lib
+from andrea_jax.data import sampling, shard_writer, storage, token_cache, token_shards, tokenizer as tokenizer_lib
+from andrea_jax.data.prepare import corpus_units
 from andrea_jax.errors import DataError
 
 TOKENIZER = "tokenizer.json"
@@ -72,7 +73,7 @@ def train_tokenizer(sample: list, vocab_size: int, out: str, corpus_name: str) -
     except ValueError as e:
         raise DataError(f"corpus {corpus_name}: {e}") from None
     shard_writer.atomic_write_bytes(storage.path(out) / TOKENIZER, tok.to_str().encode())
-    return tokenize.tokenizer_hash(tok)
+    return token_cache.tokenizer_hash(tok)
 
 
 _TOKENIZERS: dict = {}
@@ -83,8 +84,8 @@ def load_tokenizer(out: str, tok_hash: str):
     path = storage.path(out) / TOKENIZER
     if (str(path), tok_hash) not in _TOKENIZERS:
         tok = Tokenizer.from_str(path.read_text())   # a file or a gs:// object
-        if tokenize.tokenizer_hash(tok) != tok_hash:
-            raise DataError(f"{path} is tokenizer {tokenize.tokenizer_hash(tok)}, not {tok_hash} that this run "
+        if token_cache.tokenizer_hash(tok) != tok_hash:
+            raise DataError(f"{path} is tokenizer {token_cache.tokenizer_hash(tok)}, not {tok_hash} that this run "
                             f"started with: another run writes to the same --out")
         _TOKENIZERS.clear()
         _TOKENIZERS[(str(path), tok_hash)] = tok
@@ -106,8 +107,8 @@ def write_shard(shard: int, tok, tok_hash: str, plan: dict) -> dict:
         return done
     units = [plan["units"][u] for u in plan["assignment"][shard]]
     texts = (text for unit in units for text in corpus_units.unit_documents(unit))
-    return shard_writer.write_shard(out, name, tokenize.encode_stream(tok, texts),
-                                    tokenize.token_dtype(tok.get_vocab_size()), label)
+    return shard_writer.write_shard(out, name, token_cache.encode_stream(tok, texts),
+                                    token_cache.token_dtype(tok.get_vocab_size()), label)
 
 
 class TokenizeShard(beam.DoFn):
@@ -160,7 +161,7 @@ def shards_graph(p: beam.Pipeline, plan: dict, tok_hash: str, vocab_size: int):
 
 
 def beam_options(runner: str, workers: int, extra: Sequence[str], scheduler: str | None = None) -> list[str]:
-    """Beam's options for `runner` (its Beam name, beam_prepare.RUNNERS), then `extra` (after --)."""
+    """Beam's options for `runner` (its Beam name, driver.RUNNERS), then `extra` (after --)."""
     args = [f"--runner={runner}"]
     if runner == "DirectRunner":
         args += ["--direct_running_mode=multi_processing",

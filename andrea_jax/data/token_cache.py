@@ -3,7 +3,7 @@
 Tokenization runs once per (dataset, split, tokenizer): HF `tokenizers` encodes batches of documents
 in parallel (Rust threads) and the ids stream into the folder `tokens-SPLIT-TOKHASH/` beside the
 dataset, a token dataset of one shard (token_shards.py: a TFDS array_record dataset, the format
-`prepare.py` writes with K); its manifest, written last, marks it complete. Later runs read it and
+andrea_jax.data.prepare writes with K); its manifest, written last, marks it complete. Later runs read it and
 tokenize nothing.
 """
 from __future__ import annotations
@@ -18,10 +18,9 @@ from typing import Iterator, Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax.data import shard_writer, token_shards, tokenizer as tokenizer_lib
+from andrea_jax.data import documents, shard_writer, token_shards, tokenizer as tokenizer_lib
 
 BATCH_BYTES = 16 << 20    # text per encode_batch call: large enough to keep every core busy
-READ_RECORDS = 512        # records fetched from the dataset per read
 
 
 def tokenizer_hash(tok: Tokenizer) -> str:
@@ -30,20 +29,6 @@ def tokenizer_hash(tok: Tokenizer) -> str:
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-
-
-def iter_texts(records: Sequence, max_bytes: int | None = None) -> Iterator[str]:
-    """The documents' texts in order, stopping after about `max_bytes` of text when given."""
-    seen = 0
-    read_many = getattr(records, "__getitems__", lambda ids: [records[i] for i in ids])
-    for start in range(0, len(records), READ_RECORDS):
-        for record in read_many(range(start, min(start + READ_RECORDS, len(records)))):
-            text = record["text"]
-            text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
-            yield text
-            seen += len(text)
-            if max_bytes is not None and seen >= max_bytes:
-                return
 
 
 def _batches(texts: Iterator[str]) -> Iterator[list[str]]:
@@ -90,7 +75,7 @@ def cache_folder(cache_dir: pathlib.Path, split: str, tok: Tokenizer) -> pathlib
 
 def load_or_tokenize(records: Sequence, tok: Tokenizer, cache_dir: pathlib.Path, split: str,
                      source_name: str) -> token_shards.ShardedTokens:
-    """The split's token ids as a one-shard token dataset (token_shards.py, the format prepare.py
+    """The split's token ids as a one-shard token dataset (token_shards.py, the format andrea_jax.data.prepare
     writes with many), read from the cache; tokenized (once) when not cached."""
     folder = cache_folder(cache_dir, split, tok)
     tok_hash = tokenizer_hash(tok)
@@ -101,7 +86,7 @@ def load_or_tokenize(records: Sequence, tok: Tokenizer, cache_dir: pathlib.Path,
         folder.mkdir(parents=True, exist_ok=True)
         label = {"source": source_name, "split": split, "tokenizer": tok_hash}
         marker = shard_writer.write_shard(folder, token_shards.shard_file(0, 1),
-                                          encode_stream(tok, iter_texts(records)),
+                                          encode_stream(tok, documents.record_texts(records)),
                                           token_dtype(tok.get_vocab_size()), label)
         shard_writer.write_manifest(folder, [marker], **label)  # last: a folder with a manifest is complete
         print(f"data: tokenized {marker['documents']:,} document(s) of {source_name} ({split}) into "

@@ -1,12 +1,13 @@
 """Prepare a corpus once, at any size: documents -> tokenizer -> K shards of token ids, as Apache
-Beam pipelines (the `beam` extra; beam_pipeline.py). On one machine they run on Beam's DirectRunner
+Beam pipelines (the `beam` extra; pipelines.py). On one machine they run on Beam's DirectRunner
 with N worker processes or on a local Dask cluster; the same pipelines run on a Dask cluster
 (`--runner dask --scheduler ADDRESS`, the `dask` extra) and on Flink, Spark or Dataflow.
 
     python -m andrea_jax.data.prepare --source files --path corpus/ --out data/mine --workers 2 --shards 8
     python -m andrea_jax.data.prepare --source hf-jsonl --path 'c4/en/c4-train.*.json.gz' --out data/c4
     python -m andrea_jax.data.prepare --source tfds --name lm1b --data-dir /data/tfds --out data/lm1b
-    python -m andrea_jax.data.prepare --source files --path corpus/ --out data/mine --runner dask --scheduler tcp://HOST:8786
+    python -m andrea_jax.data.prepare --source files --path corpus/ --out data/mine \
+        --runner dask --scheduler tcp://HOST:8786
     python -m andrea_jax.data.prepare --source hf-jsonl --path 'gs://B/c4/*.json.gz' --out gs://B/prepared/c4
 
 --path and --out may be gs://BUCKET/PATH (the `gcs` extra; storage.py): a shard is written locally
@@ -15,7 +16,7 @@ and uploaded, each marker and the manifest is one upload.
 The input is cut into units (a file; a range of TFDS records) and the units, in corpus order, into K
 shards of about equal size (corpus_units.py). Each shard is tokenized by one worker, in document
 order, with `<|endoftext|>` after every document, so the shards concatenated are exactly the token
-stream the single-process path makes (tokenize.py, the same `encode_batch`). The output is the token
+stream the single-process path makes (token_cache.py, the same `encode_batch`). The output is the token
 format of token_shards.py, a TFDS dataset in array_record format (one record per document, K
 shards, `tfds.builder_from_directory(OUT)` reads it) with an index of token offsets; a training
 run reads it with `data.source=prepared data.path=OUT`.
@@ -27,8 +28,8 @@ marker, in the manifest and is the TFDS config name: a shard or a dataset made b
 is never reused or read.
 
 Idempotent: each shard's marker is written after its files, the manifest after all markers, each
-whole (an atomic rename; an object's single upload). A rerun on a complete output does nothing; after an interruption it redoes only
-the shards without a valid marker.
+whole (an atomic rename; an object's single upload). A rerun on a complete output does nothing;
+after an interruption it redoes only the shards without a valid marker.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ import time
 from typing import Sequence
 
 from andrea_jax import signals
-from andrea_jax.data import shard_writer, storage, tokenize, token_shards, tokenizer as tokenizer_lib
-from andrea_jax.data.corpus_units import assign_shards, plan_units
+from andrea_jax.data import shard_writer, storage, token_cache, token_shards, tokenizer as tokenizer_lib
+from andrea_jax.data.prepare.corpus_units import assign_shards, plan_units
 from andrea_jax.errors import DataError, MissingExtraError, is_missing
 
 SOURCES = ("files", "hf-jsonl", "tfds")
@@ -60,7 +61,7 @@ TOKENIZER = "tokenizer.json"
 def _tokenizer_hash(text: str) -> str:
     from tokenizers import Tokenizer
 
-    return tokenize.tokenizer_hash(Tokenizer.from_str(text))
+    return token_cache.tokenizer_hash(Tokenizer.from_str(text))
 
 
 def _tokenizer_vocab_size(text: str) -> int:
@@ -78,7 +79,7 @@ def _existing_tokenizer(out, given: str | None):
             raise DataError(f"--tokenizer {given}: no such file")
         text = tokenizer_lib.load(given).to_str()
         if saved.is_file() and saved.read_text() != text:
-            raise DataError(f"--tokenizer {given} (hash {tokenize.tokenizer_hash(tokenizer_lib.load(given))}) "
+            raise DataError(f"--tokenizer {given} (hash {token_cache.tokenizer_hash(tokenizer_lib.load(given))}) "
                             f"is not the tokenizer {saved} (hash {_tokenizer_hash(saved.read_text())}) "
                             f"that {out} was prepared with: use another --out or delete {out}")
         if not saved.is_file():
@@ -93,7 +94,7 @@ def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
     # client (apitools) that no preparation uses is absent: that line is dropped.
     logging.disable(logging.WARNING)
     try:
-        from andrea_jax.data import beam_pipeline
+        from andrea_jax.data.prepare import pipelines
     except ImportError as err:
         if not is_missing(err, "apache_beam"):
             raise
@@ -120,7 +121,8 @@ def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
                             f"use another --out or delete {out}")
         if tok_json is not None:
             try:
-                token_shards.ShardedTokens.open(out, expect_tokenizer=_tokenizer_hash(tok_json), tokenizer_name=f"tokenizer {out / TOKENIZER}")
+                token_shards.ShardedTokens.open(out, expect_tokenizer=_tokenizer_hash(tok_json),
+                                                tokenizer_name=f"tokenizer {out / TOKENIZER}")
             except DataError as e:  # a shard lost or damaged since: the pipeline redoes it
                 print(f"prepare: {e.args[0].split(':')[0]}; redoing what is missing", flush=True)
             else:
@@ -131,9 +133,9 @@ def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
             "assignment": assign_shards(sizes, args.shards)}
     _remove_half_written(out)
     with _scheduler(args) as address:
-        options = beam_pipeline.beam_options(RUNNERS[args.runner], args.workers, beam_extra, address)
+        options = pipelines.beam_options(RUNNERS[args.runner], args.workers, beam_extra, address)
         if tok_json is None:   # phase 1: the tokenizer, saved where phase 2's workers read it
-            beam_pipeline.run(lambda p: beam_pipeline.tokenizer_graph(
+            pipelines.run(lambda p: pipelines.tokenizer_graph(
                 p, plan, args.seed, args.tokenizer_docs, args.vocab_size), options)
             storage.refresh(out)
             if not (out / TOKENIZER).is_file():   # no document: no sample, no tokenizer
@@ -142,9 +144,9 @@ def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
         tok_hash = _tokenizer_hash(tok_json)
         vocab_size = _tokenizer_vocab_size(tok_json)
         done_before = sum(shard_writer.complete_shard(out, token_shards.shard_file(s, args.shards),
-                                                      beam_pipeline.shard_label(plan, tok_hash, s)) is not None
+                                                      pipelines.shard_label(plan, tok_hash, s)) is not None
                           for s in range(args.shards))
-        beam_pipeline.run(lambda p: beam_pipeline.shards_graph(p, plan, tok_hash, vocab_size), options)
+        pipelines.run(lambda p: pipelines.shards_graph(p, plan, tok_hash, vocab_size), options)
     storage.refresh(out)
     _remove_half_written(out)
     manifest = token_shards.read_manifest(out)  # written by a worker: the driver reads it back
@@ -165,7 +167,7 @@ def _scheduler(args):
     """The Dask scheduler's address for --runner dask (dask_cluster.py); nothing for other runners."""
     if args.runner != "dask":
         return contextlib.nullcontext(None)
-    from andrea_jax.data import dask_cluster
+    from andrea_jax.data.prepare import dask_cluster
 
     return dask_cluster.scheduler(args.scheduler, args.workers)
 
@@ -235,6 +237,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "workers": args.workers}), flush=True)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

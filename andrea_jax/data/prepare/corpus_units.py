@@ -4,15 +4,13 @@ records), in corpus order, and the units into K shards of about equal size. The 
 """
 from __future__ import annotations
 
-import contextlib
-import gzip
 import os
 import pathlib
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from andrea_jax.data import documents, sampling, storage, tokenize
+from andrea_jax.data import documents, sampling, storage
 from andrea_jax.errors import DataError
 
 HF_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
@@ -42,37 +40,6 @@ def _hf_files(pattern: str) -> list[pathlib.Path]:
     return [p.resolve() for p in files]
 
 
-def _hf_documents(path) -> Iterator[str]:
-    """The non-blank `text` fields of a JSON-lines (.gz) or parquet file (C4, FineWeb, ...)."""
-    if path.name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.ParquetFile(storage.open_binary(path))
-            if "text" not in table.schema_arrow.names:
-                raise DataError(f"{path}: no 'text' column (it has: {', '.join(table.schema_arrow.names)})")
-            for batch in table.iter_batches(columns=["text"], batch_size=4096):
-                for text in batch.column(0).to_pylist():
-                    if text and text.strip():
-                        yield text
-        except DataError:
-            raise
-        except Exception as e:  # pyarrow's errors: a truncated or non-parquet file
-            raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-        return
-    try:   # path.open: a local file or a gs:// object
-        with path.open("rb") as file, (gzip.open(file, "rb") if path.name.endswith(".gz")
-                                      else contextlib.nullcontext(file)) as f:
-            for lineno, raw in enumerate(f, 1):
-                line, _ = documents.decode(raw)
-                if line.strip():
-                    text = documents._jsonl_text(path, lineno, line)
-                    if text.strip():
-                        yield text
-    except (OSError, EOFError) as e:  # gzip: a truncated download or not gzip at all
-        raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
-
-
 _TFDS_SOURCES: dict = {}
 
 
@@ -99,13 +66,11 @@ def unit_documents(unit: tuple) -> Iterator[str]:
     """The documents of one unit, in order: ("files", path), ("hf-jsonl", path), ("tfds", name, split,
     data_dir, lo, hi)."""
     kind = unit[0]
-    if kind == "files":
+    if kind in ("files", "hf-jsonl"):
         return documents.read_documents(storage.path(unit[1]))
-    if kind == "hf-jsonl":
-        return _hf_documents(storage.path(unit[1]))
     _, name, split, data_dir, lo, hi = unit
     records = _tfds_records(name, split, data_dir)
-    return tokenize.iter_texts(sampling._Subset(records, range(lo, hi)))
+    return documents.record_texts(sampling._Subset(records, range(lo, hi)))
 
 
 def plan_units(args) -> tuple[list[tuple], list[int], str, str]:
