@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, configs
 from andrea_jax.data import pipeline, tokenizer as tok_lib
 from andrea_jax.errors import DataError
 
@@ -14,7 +14,7 @@ DOCS = [p for p in SHAKESPEARE[:60_000].split("\n\n") if p.strip()]
 
 
 def streaming_cfg(corpus, tok_path, workers=2, **sets):
-    cfg = config_lib.load("tiny")
+    cfg = configs.load("tiny")
     pairs = {"data.source": "files", "data.path": str(corpus), "data.tokenizer": str(tok_path),
              "data.pretokenize": "false", "data.stream_workers": str(workers), "model.vocab_size": "300",
              "model.seq_len": "16", "train.batch_size": "4", "train.eval_batches": "2", **sets}
@@ -67,5 +67,5 @@ def test_streaming_packs_documents_and_resumes_where_it_stopped(tmp_path, tok_pa
 
 def test_streaming_is_refused_for_a_prepared_dataset():
     with pytest.raises(config_lib.ConfigError, match="data.pretokenize: must be true with data.source=prepared"):
-        config_lib.validate(config_lib.override(config_lib.load("tiny"), [
+        config_lib.validate(config_lib.override(configs.load("tiny"), [
             "data.source=prepared", "data.path=/x", "data.pretokenize=false"]))
