@@ -17,8 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from andrea_jax import config as config_lib, startup
-from andrea_jax import signals
+from andrea_jax import config as config_lib, configs, signals, startup
 from andrea_jax.errors import AndreaError, ConfigError, MissingExtraError
 
 
@@ -68,7 +67,7 @@ def fail(message: str, code: int) -> int:
 
 
 def run(args) -> int:
-    cfg = config_lib.validate(config_lib.override(config_lib.load(args.config), args.set))
+    cfg = config_lib.validate(config_lib.override(configs.load(args.config), args.set))
     startup.import_jax()
     if args.coordinator or args.distributed:
         start_distributed(args)

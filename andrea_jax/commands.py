@@ -1,7 +1,8 @@
-"""The console scripts (pyproject.toml) and the `python -m andrea_jax.NAME` forms, in one place.
+"""The console scripts (pyproject.toml), in one place.
 
 Each starts jax the way andrea_jax/startup.py says (quietly where the CUDA plugin has no driver)
-before it imports its command's module, since those modules import jax at their top.
+before it imports its command's module, since those modules import jax at their top. The
+`python -m andrea_jax.serve.NAME` forms start it the same way (andrea_jax/serve/__init__.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The typed config tree, its loading from `configs/`, `--set` overrides and validation.
+"""The typed config tree, `--set` overrides and validation (named configs load in andrea_jax.configs).
 
 Every field is documented where it is declared. `validate` runs before anything is traced or
 compiled, and every error names the offending key (`section.key`).
@@ -6,10 +6,7 @@ compiled, and every error names the offending key (`section.key`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import math
-import pathlib
 import typing
 from dataclasses import dataclass, field
 
@@ -85,8 +82,8 @@ class ModelConfig:
     qk_norm: bool = False       # RMSNorm (a per-block gain) on each head's queries and keys before attention and RoPE; export refuses
 
     def __post_init__(self):
-        # model.remat was a bool before none|full|dots: True / "true" (old configs, checkpoints,
-        # --set model.remat=true) still mean full, False / "false" none.
+        # A bool remat (True / "true" in a config, a saved checkpoint's config or --set) means
+        # full, False / "false" none.
         if isinstance(self.remat, bool) or str(self.remat).lower() in ("true", "false"):
             object.__setattr__(self, "remat", "full" if str(self.remat).lower() == "true" else "none")
 
@@ -299,53 +296,6 @@ def from_dict(tree: dict) -> Config:
         return validate(Config(**{name: kind(**tree.get(name, {})) for name, kind in kinds.items()}))
     except TypeError as e:
         raise ConfigError(str(e)) from None
-
-
-# Named configs are the modules of the project's configs/ folder, installed as andrea_jax.configs.
-_CONFIG_PACKAGE = "andrea_jax.configs"
-
-
-def load(name_or_path: str) -> Config:
-    """Loads `configs/NAME.py` or a path to such a file; the module defines `get_config()`.
-
-    `NAME:ARG` (as big_vision's `--config file.py:arg`) passes the text after the colon to
-    `get_config(ARG)`: `depth:family=71m,layers=48` is one member of the depth sweep."""
-    name_or_path, _, arg = name_or_path.partition(":")
-    path = pathlib.Path(name_or_path)
-    # A config is user code: whatever it raises (a syntax error, a bad import) is a config error.
-    try:
-        if path.suffix == ".py":
-            if not path.is_file():
-                raise ConfigError(f"config file {name_or_path!r} does not exist")
-            spec = importlib.util.spec_from_file_location(f"_andrea_config_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = _import_named(name_or_path)
-        if not callable(getattr(module, "get_config", None)):
-            raise ConfigError(f"config {name_or_path!r} defines no get_config()")
-        config = module.get_config(arg) if arg else module.get_config()
-    except ConfigError:
-        raise
-    except Exception as e:
-        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
-        message = " ".join(str(getattr(e, "msg", None) or e).split())
-        raise ConfigError(f"config {name_or_path!r} cannot be loaded{where}: "
-                          f"{type(e).__name__}: {message}") from e
-    if not isinstance(config, Config):
-        raise ConfigError(f"get_config() in {name_or_path!r} must return andrea_jax.config.Config")
-    return config
-
-
-def _import_named(name: str):
-    try:
-        return importlib.import_module(f"{_CONFIG_PACKAGE}.{name}")
-    except ModuleNotFoundError as e:
-        if not e.name or not f"{_CONFIG_PACKAGE}.{name}.".startswith(e.name + "."):
-            raise  # the config exists but imports something missing: not an unknown name
-        folder = pathlib.Path(importlib.import_module(_CONFIG_PACKAGE).__file__).parent
-        known = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
-        raise ConfigError(f"unknown config {name!r}; known: {', '.join(known)}") from None
 
 
 def _known_keys(config: Config) -> dict[str, list[str]]:

@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
+from andrea_jax import config as config_lib, configs, model as model_lib  # noqa: E402
 from andrea_jax.model import prores  # noqa: E402
 from andrea_jax.train import steps  # noqa: E402
 
@@ -235,7 +235,7 @@ def main(argv=None):
     if args.depths:
         return by_depth(args)
 
-    cfg = config_lib.override(config_lib.load(args.config), ["prores.schedule=none", *args.set])
+    cfg = config_lib.override(configs.load(args.config), ["prores.schedule=none", *args.set])
     batch = args.batch or cfg.train.batch_size
     cfg = config_lib.validate(config_lib.override(cfg, [f"train.batch_size={batch}"]))
     threads = args.threads or jax_cores()
@@ -285,7 +285,7 @@ def by_depth(args):
     torch.set_num_threads(threads)
     load_before, rows = loadavg(), {}
     for L in depths:
-        cfg = config_lib.override(config_lib.load(args.config), ["prores.schedule=none", *args.set, f"model.n_layer={L}"])
+        cfg = config_lib.override(configs.load(args.config), ["prores.schedule=none", *args.set, f"model.n_layer={L}"])
         batch = args.batch or cfg.train.batch_size
         cfg = config_lib.validate(config_lib.override(cfg, [f"train.batch_size={batch}"]))
         fns, _, _ = build(cfg, batch, timings=("fwd_loss", "fwd_bwd"))

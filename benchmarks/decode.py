@@ -1,4 +1,4 @@
-"""Decode speed: the KV-cache sampler (andrea_jax.generate) against the full-recompute sampler it
+"""Decode speed: the KV-cache sampler (andrea_jax.serve.generate) against the full-recompute sampler it
 replaced, on random parameters of a config, one prompt, the same number of new tokens.
 
     python benchmarks/decode.py --config tiny --new-tokens 100
@@ -6,7 +6,7 @@ replaced, on random parameters of a config, one prompt, the same number of new t
 
 Both sample greedily (temperature 0 gives the argmax in both) after a compile-and-warm-up call, so
 the timed calls do the same work: a prompt of --prompt-tokens tokens, then --new-tokens tokens. The
-baseline is the sampler of andrea_jax.generate before the KV cache, kept here verbatim apart from
+baseline is the sampler of andrea_jax.serve.generate before the KV cache, kept here verbatim apart from
 greedy selection: every token re-runs the model over a fixed [1, seq_len] window, compiled once for
 all calls with the parameters as arguments (as the KV-cache sampler takes them; the old sampler
 compiled anew per call, which timed compilation as decoding). Prints one JSON line per sampler.
@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
+from andrea_jax import config as config_lib, configs, model as model_lib  # noqa: E402
 from andrea_jax.serve import generate, load  # noqa: E402
 from andrea_jax.data import tokenizer as tokenizer_lib  # noqa: E402
 
@@ -70,7 +70,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per sampler (median)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args(argv)
-    cfg = config_lib.validate(config_lib.override(config_lib.load(args.config), args.set))
+    cfg = config_lib.validate(config_lib.override(configs.load(args.config), args.set))
     params = model_lib.init(cfg.model, jax.random.key(0), cfg.kernels.impl)["params"]
     V = cfg.model.vocab_size
     # A stand-in tokenizer: only its EOT id matters here, and stop_at_eot is off for equal work.

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
+from andrea_jax import config as config_lib, configs, model as model_lib  # noqa: E402
 from andrea_jax.data import pipeline, tokenizer as tokenizer_lib  # noqa: E402
 from andrea_jax.serve import load, tasks as tasks_lib  # noqa: E402
 from andrea_jax.train import steps  # noqa: E402
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--knockout-chunks", default="0",
                         help="comma-separated diagnostics.knockout_chunk values to time (0: all L masks in one pass)")
     args = parser.parse_args(argv)
-    cfg = config_lib.load(args.config)
+    cfg = configs.load(args.config)
     sets = [f"train.batch_size={args.batch}"] if args.batch else []
     sets += [f"train.eval_batches={args.eval_batches}"] if args.eval_batches else []
     cfg = config_lib.validate(config_lib.override(cfg, [*sets, "prores.schedule=linear"]))

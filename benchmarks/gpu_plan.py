@@ -57,11 +57,11 @@ def main(argv=None):
     with startup.native_stderr_silenced():
         import jax
         jax.devices("cpu")
-    from andrea_jax import config as config_lib
+    from andrea_jax import config as config_lib, configs
     from andrea_jax.train import mfu as mfu_lib
     from train_step import variants
 
-    base = config_lib.override(config_lib.load(args.config), args.set)
+    base = config_lib.override(configs.load(args.config), args.set)
     base = dataclasses.replace(base, train=dataclasses.replace(base.train, batch_size=args.batch))
     usable = aot.target_memory(args.target) * args.mem_fraction
     tokens = args.batch * base.model.seq_len

@@ -72,7 +72,7 @@ def main(argv=None):
     with startup.native_stderr_silenced():
         import jax
         jax.devices("cpu")
-    from andrea_jax import config as config_lib, model as model_lib
+    from andrea_jax import config as config_lib, configs, model as model_lib
 
     print(f"{args.target}: global batch {args.batch} sequences; sizes per device in MiB; "
           f"{' '.join(args.set) or 'each config as it is'}\n")
@@ -80,7 +80,7 @@ def main(argv=None):
           "compiled arguments | temp (activations, grads) | peak | compile s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.configs.split(";"):
-        base = config_lib.override(config_lib.load(name), args.set)
+        base = config_lib.override(configs.load(name), args.set)
         base = dataclasses.replace(base, train=dataclasses.replace(base.train, batch_size=args.batch))
         n_params = model_lib.count_params(base.model)
         for n in counts:

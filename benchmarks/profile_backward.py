@@ -34,7 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
+from andrea_jax import config as config_lib, configs, model as model_lib  # noqa: E402
 from andrea_jax.model import prores  # noqa: E402
 from andrea_jax.train import steps  # noqa: E402
 
@@ -129,7 +129,7 @@ def main(argv=None):
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args(argv)
 
-    cfg = config_lib.validate(config_lib.override(config_lib.load(args.config), ["prores.schedule=none", *args.set]))
+    cfg = config_lib.validate(config_lib.override(configs.load(args.config), ["prores.schedule=none", *args.set]))
     m = cfg.model
     batch = args.batch or cfg.train.batch_size
     model = model_lib.Andrea(m, cfg.kernels.impl, padded_logits=True)

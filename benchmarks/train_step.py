@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 
 from andrea_jax import kernels  # noqa: E402
 from andrea_jax.train import mfu as mfu_lib  # noqa: E402
-from andrea_jax import config as config_lib, model as model_lib  # noqa: E402
+from andrea_jax import config as config_lib, configs, model as model_lib  # noqa: E402
 from andrea_jax.train import steps
 
 
@@ -159,7 +159,7 @@ def main(argv=None) -> list[dict]:
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
-    base = config_lib.load(args.config)
+    base = configs.load(args.config)
     base = dataclasses.replace(base, train=dataclasses.replace(base.train, batch_size=args.batch))
     base = config_lib.override(base, args.set)
     peak = args.peak_tflops * 1e12 if args.peak_tflops else mfu_lib.peak_flops(jax.devices()[0].device_kind)

@@ -11,16 +11,9 @@ than one batch: the run stops saying so. For a smoke run anywhere add `--set tra
 `python -m andrea_jax.data.prepare` and point `data.source=prepared` at it (docs/DATA.md, "Train
 ANDREA-120M for real").
 """
-from andrea_jax.config import (Config, DataConfig, ModelConfig, OptimConfig, ProResConfig,
-                               TrainConfig)
+from andrea_jax.config import Config, ModelConfig, OptimConfig
 
 
 def get_config() -> Config:
-    return Config(
-        model=ModelConfig(vocab_size=8449, seq_len=1024, d_model=768, n_layer=12, n_head=12,
-                          mlp_ratio=4, dtype="bfloat16"),
-        prores=ProResConfig(schedule="linear", warmup=1000),
-        optim=OptimConfig(lr=6e-4, schedule="wsd", warmup_steps=2000, decay_fraction=0.1),
-        train=TrainConfig(steps=100_000, batch_size=512, log_every=10, eval_every=1000),
-        data=DataConfig(source="embedded"),
-    )
+    """The schema's defaults are this model and its training; it computes in bfloat16 with WSD."""
+    return Config(model=ModelConfig(dtype="bfloat16"), optim=OptimConfig(schedule="wsd"))

@@ -5,18 +5,14 @@ measurement supports (docs/RESULTS.md, Experiment C: linear ProRes costs validat
 tried at this scale). `--set prores.schedule=linear` switches it on with T = 25 (every block fully
 on after 100 of the 600 steps) to watch the mechanism.
 """
-from andrea_jax.config import (Config, DataConfig, ModelConfig, OptimConfig, ProResConfig,
-                               TrainConfig)
+from andrea_jax.config import Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig
 
 
 def get_config() -> Config:
     return Config(
-        model=ModelConfig(vocab_size=8449, seq_len=128, d_model=128, n_layer=4, n_head=4,
-                          init="scaled"),
+        model=ModelConfig(seq_len=128, d_model=128, n_layer=4, n_head=4, init="scaled"),
         prores=ProResConfig(schedule="none", warmup=25),
-        optim=OptimConfig(lr=3e-3, schedule="cosine", warmup_steps=30),
-        train=TrainConfig(steps=600, batch_size=16, log_every=10, eval_every=100, eval_batches=4,
-                          checkpoint_every=200,
+        optim=OptimConfig(lr=3e-3, warmup_steps=30),
+        train=TrainConfig(steps=600, batch_size=16, eval_every=100, eval_batches=4, checkpoint_every=200,
                           sample_tokens=120),
-        data=DataConfig(source="embedded"),
     )

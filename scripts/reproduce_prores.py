@@ -14,7 +14,7 @@ OUT/prores_repro/EXPERIMENT/ (OUT = docs). `--toy` shrinks an experiment to 2 ar
 few steps of a 2-layer model (the test of this script). `--from-summary` rewrites RESULTS.md from the
 kept summary.json and READING.md alone (after editing the reading; the runs are not in git).
 
-The same runs are sweep specs too (scripts/sweeps/ablation.py etc., `python -m andrea_jax.sweep`),
+The same runs are sweep specs too (scripts/sweeps/ablation.py etc., `python -m andrea_jax.repro.sweep`),
 which add GPU placement and Slurm job arrays.
 """
 from __future__ import annotations

@@ -4,10 +4,9 @@ import tempfile
 
 # Many tests compile the same small programs, in this process and in the train.py processes they
 # start (a resumed run compiles what the straight run did). One persistent cache, shared through
-# the environment with every worker and child process, compiles each once: measured on
-# test_same_seed_same_losses_other_seed_other_losses (3 runs of one program), 61 s cold without it,
-# 32 s cold with it. Its size bound turns on jax's file lock, so concurrent writers do not tear an
-# entry. Keys hold the HLO, the compile options and the jax version: a hit is the same executable.
+# the environment with every worker and child process, compiles each once. Its size bound turns on
+# jax's file lock, so concurrent writers do not tear an entry. Keys hold the HLO, the compile
+# options and the jax version: a hit is the same executable.
 _XLA_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"andrea_jax_tests_xla_{os.getuid()}"),
               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
               "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 << 30)}
@@ -39,7 +38,7 @@ def trained_run(tmp_path_factory, tok_path):
     """make(*overrides, steps=6) -> the workdir of a short run of a 3-block toy on the embedded
     corpus, checkpointed every 3 steps; with prores.warmup=4 its alphas at step 6 are
     [1, 0.75, 0.5] (mid-warmup). Runs are cached per arguments within a test process."""
-    from andrea_jax import config as config_lib
+    from andrea_jax import config as config_lib, configs
     from andrea_jax.serve import tasks
     from andrea_jax.train import loop as trainer
 
@@ -49,10 +48,11 @@ def trained_run(tmp_path_factory, tok_path):
         key = (overrides, steps)
         if key not in made:
             workdir = tmp_path_factory.mktemp("run")
-            cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), [
+            cfg = config_lib.validate(config_lib.override(configs.load("tiny"), [
                 f"train.steps={steps}", "train.checkpoint_every=3", "train.eval_every=0",
                 "train.sample_tokens=0", "train.batch_size=4", "model.n_layer=3", "model.d_model=32",
-                "model.n_head=4", "model.seq_len=32", "model.vocab_size=300", "prores.schedule=linear", "prores.warmup=4",
+                "model.n_head=4", "model.seq_len=32", "model.vocab_size=300", "prores.schedule=linear",
+                "prores.warmup=4",
                 f"data.tokenizer={tok_path}", "diagnostics.tensorboard=false", *overrides]))
             saved_cache = os.environ.get("ANDREA_CACHE")
             os.environ["ANDREA_CACHE"] = str(tmp_path_factory.mktemp("cache"))  # its own token cache

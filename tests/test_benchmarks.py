@@ -92,8 +92,8 @@ def test_flops_per_token_by_hand():
     # + V D = 6,488,832 (logits) = 91,423,488; x 6 = 548,540,928.
     # Causal attention: 6 L D (T + 1) = 6 x 12 x 768 x 1025 = 56,678,400.
     assert mfu.train_flops_per_token(768, 12, 3072, 8449, 1024) == 548_540_928 + 56_678_400
-    from andrea_jax import config as config_lib
-    assert mfu.model_flops_per_token(config_lib.load("andrea_120m").model) == 605_219_328
+    from andrea_jax import configs
+    assert mfu.model_flops_per_token(configs.load("andrea_120m").model) == 605_219_328
 
 
 def test_causal_attention_counts_each_query_key_pair_once():
@@ -125,8 +125,8 @@ def test_decode_benchmark_runs_both_samplers_and_they_agree():
     out = run_benchmark("decode.py", "--config", "tiny", "--prompt-tokens", "4", "--new-tokens", "6",
                         "--repeats", "1", *TOY_MODEL)
     kv, full, summary = [json.loads(line) for line in out.strip().splitlines()[-3:]]
-    from andrea_jax import config as config_lib, model as model_lib
-    cfg = config_lib.override(config_lib.load("tiny"), [a for a in TOY_MODEL if a != "--set"])
+    from andrea_jax import config as config_lib, configs, model as model_lib
+    cfg = config_lib.override(configs.load("tiny"), [a for a in TOY_MODEL if a != "--set"])
     for row, name in ((kv, "kv_cache"), (full, "full_recompute")):
         assert row["sampler"] == name and row["new_tokens"] == 6 and row["prompt_tokens"] == 4
         assert row["seq_len"] == 16 and row["params"] == model_lib.count_params(cfg.model) == summary["params"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import train
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, configs
 from andrea_jax.errors import ResumeError
 from andrea_jax.train import loop as trainer
 from andrea_jax.workdir import Workdir
@@ -47,7 +47,7 @@ def losses(workdir):
 
 
 def test_resume_continues_bit_exactly(tmp_path, settings):
-    cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), settings))
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), settings))
     straight = tmp_path / "straight"
     trainer.train(cfg, straight, show_progress=False)
     assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["3", "6"]
@@ -163,7 +163,7 @@ def expected_kind(key: str) -> str:
 
 
 def test_each_setting_is_refused_confirmable_or_free_on_resume_as_documented(tmp_path):
-    saved = config_lib.load("tiny")
+    saved = configs.load("tiny")
     (tmp_path / "config.json").write_text(json.dumps(saved.to_dict()))
     run_dir = Workdir(tmp_path)
     run_dir.check_resume(saved, allow_schedule_change=False)  # the same settings resume

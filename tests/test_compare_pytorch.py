@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import torch
 
-from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax import config as config_lib, configs, model as model_lib
 from andrea_jax.train import steps
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ TOY = ["model.n_layer=2", "model.d_model=32", "model.n_head=4", "model.seq_len=1
 
 
 def test_torch_model_computes_our_logits_at_equal_weights():
-    cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), TOY))
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), TOY))
     params = model_lib.init(cfg.model, jax.random.key(0))["params"]
     # Every leaf random (biases and LayerNorm gains too: at init they are 0 and 1, which would
     # hide a bias mapped to the wrong place or a transposed gain).
@@ -57,7 +57,7 @@ def test_script_runs_both_sides_at_a_toy_size(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), TOY))
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), TOY))
     assert result["params"]["jax"] == result["params"]["pytorch"] == model_lib.count_params(cfg.model)
     # The same initial weights and batch on both sides: measured 5.721405 on both (difference
     # below 1e-6).

@@ -6,23 +6,23 @@ import sys
 import pytest
 
 import train
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, configs
 
 
 @pytest.mark.parametrize("name", ["tiny", "andrea_120m"])
 def test_named_configs_validate(name):
-    cfg = config_lib.validate(config_lib.load(name))
+    cfg = config_lib.validate(configs.load(name))
     assert cfg.model.d_model % cfg.model.n_head == 0
 
 
 def test_andrea_120m_is_the_spec_model():
-    m = config_lib.load("andrea_120m").model
+    m = configs.load("andrea_120m").model
     assert (m.vocab_size, m.seq_len, m.d_model, m.n_layer, m.n_head, m.mlp_ratio * m.d_model) == \
         (8449, 1024, 768, 12, 12, 3072)
 
 
 def test_overrides_are_parsed_by_declared_type():
-    cfg = config_lib.override(config_lib.load("tiny"), [
+    cfg = config_lib.override(configs.load("tiny"), [
         "model.n_layer=6", "optim.lr=1e-3", "model.remat=true", "prores.schedule=equal", "train.steps=1_000"])
     assert (cfg.model.n_layer, cfg.optim.lr, cfg.model.remat, cfg.prores.schedule, cfg.train.steps) == \
         (6, 1e-3, "full", "equal", 1000)   # the old boolean true means remat full
@@ -74,16 +74,16 @@ def test_unknown_key_suggests_the_nearest_known_one(assignment, message, capsys,
 
 
 def test_unknown_section_of_a_saved_config_suggests_the_nearest():
-    tree = config_lib.load("tiny").to_dict()
+    tree = configs.load("tiny").to_dict()
     tree["modle"] = tree.pop("model")
     with pytest.raises(config_lib.ConfigError, match=r"^unknown config section 'modle'; did you mean model\?$"):
         config_lib.from_dict(tree)
 
 
 def test_a_saved_config_with_retired_keys_still_loads():
-    tree = config_lib.load("tiny").to_dict()
+    tree = configs.load("tiny").to_dict()
     tree["data"] |= {"pretokenize": True, "stream_workers": 2}
-    assert config_lib.from_dict(tree) == config_lib.from_dict(config_lib.load("tiny").to_dict())
+    assert config_lib.from_dict(tree) == config_lib.from_dict(configs.load("tiny").to_dict())
     tree["data"]["path_typo"] = "x"   # a key that was never a field is still refused
     with pytest.raises(config_lib.ConfigError):
         config_lib.from_dict(tree)
@@ -94,7 +94,7 @@ def test_config_file_with_wrong_field_type_is_rejected(tmp_path):
     path.write_text("from andrea_jax.config import Config, ModelConfig\n"
                     "def get_config():\n    return Config(model=ModelConfig(n_layer='12'))\n")
     with pytest.raises(config_lib.ConfigError, match="model.n_layer: expected int"):
-        config_lib.validate(config_lib.load(str(path)))
+        config_lib.validate(configs.load(str(path)))
 
 
 def test_cli_process_exits_nonzero_before_compiling(tmp_path):

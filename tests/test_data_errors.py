@@ -6,7 +6,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 import train as train_cli
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, configs
 from andrea_jax.data import pipeline, tokenizer as tok_lib
 from andrea_jax.errors import DataError, DataWarning
 
@@ -159,4 +159,4 @@ def test_data_error_is_one_line_and_exit_1_from_train_py(tmp_path, monkeypatch, 
 ])
 def test_config_checks_name_the_data_key(sets, message):
     with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
-        config_lib.validate(config_lib.override(config_lib.load("tiny"), sets))
+        config_lib.validate(config_lib.override(configs.load("tiny"), sets))

@@ -9,11 +9,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 import train as train_cli
+from _corpus import SHAKESPEARE, write_nested_corpus
 from andrea_jax import checkpoint
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, configs
 from andrea_jax.data import loader, pipeline, token_cache, token_shards, tokenizer as tok_lib
-
-SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 
 
 @pytest.fixture
@@ -23,24 +22,12 @@ def cache(tmp_path, monkeypatch):
     return cache
 
 
-def write_corpus(folder):
-    """Four files in a nested folder; returns the documents in the order the builder must keep."""
-    (folder / "sub").mkdir(parents=True)
-    docs_b = [SHAKESPEARE[3000:3400], "second jsonl document, ünïcödé 🎉", SHAKESPEARE[5000:5600]]
-    (folder / "a.txt").write_text(SHAKESPEARE[:2000], encoding="utf-8")
-    (folder / "b.jsonl").write_text("\n".join(json.dumps({"text": d, "id": i}) for i, d in enumerate(docs_b))
-                                    + "\n\n", encoding="utf-8")
-    (folder / "sub" / "c.txt").write_text(SHAKESPEARE[8000:9000], encoding="utf-8")
-    (folder / "notes.md").write_text("not read: only .txt and .jsonl are")
-    return [SHAKESPEARE[:2000], *docs_b, SHAKESPEARE[8000:9000]]
-
-
 def files_cfg(path, **kw):
     return config_lib.DataConfig(source="files", path=str(path), **kw)
 
 
 def test_local_folder_every_document_in_order_separated_by_end_of_text(tmp_path, cache, tok_path):
-    docs = write_corpus(tmp_path / "corpus")
+    docs = write_nested_corpus(tmp_path / "corpus")
     corpus = pipeline.tokenized_corpus(files_cfg(tmp_path / "corpus", tokenizer=str(tok_path)),
                               vocab_size=300, seq_len=16, cache_dir=cache)
     stream = np.concatenate([corpus.train_tokens, corpus.val_tokens])
@@ -66,7 +53,7 @@ def test_local_folder_every_document_in_order_separated_by_end_of_text(tmp_path,
 
 
 def test_validation_set_is_the_fixed_tail(tmp_path, cache, tok_path):
-    write_corpus(tmp_path / "corpus")
+    write_nested_corpus(tmp_path / "corpus")
     cfg = files_cfg(tmp_path / "corpus", tokenizer=str(tok_path), val_fraction=0.25)
     first = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
     n = len(first.train_tokens) + len(first.val_tokens)
@@ -90,7 +77,7 @@ def counting(monkeypatch, module, name):
 
 
 def test_second_build_reads_the_cache_and_tokenizes_nothing(tmp_path, cache, monkeypatch):
-    write_corpus(tmp_path / "corpus")
+    write_nested_corpus(tmp_path / "corpus")
     cfg = files_cfg(tmp_path / "corpus")
     encodes = counting(monkeypatch, token_cache, "encode_batch")
     trains = counting(monkeypatch, tok_lib, "train")
@@ -178,7 +165,7 @@ def tiny_overrides(workdir, corpus_dir, steps):
 
 
 def test_training_from_a_local_folder_through_train_py(tmp_path, cache, capsys):
-    write_corpus(tmp_path / "corpus")
+    write_nested_corpus(tmp_path / "corpus")
     (tmp_path / "corpus" / "more.txt").write_text(SHAKESPEARE[20_000:120_000])
     argv = tiny_overrides(tmp_path / "run", tmp_path / "corpus", steps=4)
     assert train_cli.main(argv) == 0, capsys.readouterr().err
@@ -190,7 +177,7 @@ def test_training_from_a_local_folder_through_train_py(tmp_path, cache, capsys):
     with checkpoint.manager(tmp_path / "run", max_to_keep=10) as mngr:
         state = mngr.restore(mngr.latest_step(), args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
     assert state["grain"] == {"next_index": 4}
-    cfg = config_lib.override(config_lib.load("tiny"), [a for a in argv[4:] if a != "--set"])
+    cfg = config_lib.override(configs.load("tiny"), [a for a in argv[4:] if a != "--set"])
     _, fresh, _ = pipeline.build(cfg)
     for _ in range(4):
         next(fresh)

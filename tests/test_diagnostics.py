@@ -11,19 +11,13 @@ import numpy as np
 import pytest
 
 import _ref_blocks as ref
-from andrea_jax import config as config_lib
+from _helpers import perturbed_params
+from andrea_jax import config as config_lib, configs
 from andrea_jax.train import diagnostics, hooks, steps, loop as trainer
 from andrea_jax import model as model_lib
 from andrea_jax.config import ModelConfig
 
 SMALL = ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=4, n_head=4)
-
-
-def perturbed_params(cfg, seed=0):
-    params = model_lib.init(cfg, jax.random.key(seed))["params"]
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    return jax.tree.unflatten(tree, [p + 0.1 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
 
 
 @pytest.mark.parametrize("norm,gates", [("pre", "none"), ("post", "none"), ("sandwich", "none"),
@@ -194,7 +188,7 @@ def test_knockout_sets_one_block_s_alpha_to_zero_at_a_time():
 
 
 def test_trainer_logs_diagnostics_to_jsonl_and_tensorboard(tmp_path):
-    cfg = config_lib.load("tiny")
+    cfg = configs.load("tiny")
     cfg = config_lib.override(cfg, [
         "model.d_model=32", "model.n_layer=3", "model.n_head=2", "model.seq_len=32",
         "train.steps=6", "train.batch_size=4", "train.log_every=3", "train.eval_every=3",

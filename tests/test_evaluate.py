@@ -1,16 +1,15 @@
-"""andrea_jax.evaluate: perplexity, bits per byte, strided windows, task scoring and the CLI, each
+"""andrea_jax.serve.evaluate: perplexity, bits per byte, strided windows, task scoring and the CLI, each
 checked against a computation done here with a plain forward pass of the model."""
 import functools
 import json
 import math
 import pathlib
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
+from _helpers import run_module
 from andrea_jax.serve import evaluate, load, scoring, tasks
 from andrea_jax.errors import TaskError
 from andrea_jax.data import tokenizer as tok_lib
@@ -194,13 +193,8 @@ def test_a_bad_task_line_names_file_and_line(tmp_path, line, message):
         tasks.read_task(path)
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "andrea_jax.evaluate", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_cli_prints_perplexity_and_bits_per_byte(trained_run, loaded):
-    proc = run_cli("--workdir", trained_run(), "--batch-size", "64")
+    proc = run_module("andrea_jax.serve.evaluate", "--workdir", trained_run(), "--batch-size", "64")
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = proc.stdout.strip().splitlines()[-1]
     assert line.startswith("val split of embedded tinyshakespeare (stride 32): 1 document(s)")
@@ -209,7 +203,7 @@ def test_cli_prints_perplexity_and_bits_per_byte(trained_run, loaded):
 
 
 def test_cli_scores_a_task_file(trained_run):
-    proc = run_cli("--workdir", trained_run(), "--task", "tasks/shakespeare_mc.jsonl")
+    proc = run_module("andrea_jax.serve.evaluate", "--workdir", trained_run(), "--task", "tasks/shakespeare_mc.jsonl")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tasks/shakespeare_mc.jsonl (multiple choice, 32 examples): acc " in proc.stdout
     assert ", acc_norm " in proc.stdout
@@ -223,7 +217,7 @@ def test_an_export_scores_as_its_workdir(loaded, tmp_path, capsys):
 
 
 def test_cli_missing_workdir_is_a_one_line_error(tmp_path):
-    proc = run_cli("--workdir", tmp_path / "nope")
+    proc = run_module("andrea_jax.serve.evaluate", "--workdir", tmp_path / "nope")
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"error: {tmp_path / 'nope'}: no such run folder"
 

@@ -2,21 +2,18 @@
 greedy generation), refused placements write nothing, native exports round-trip bit-exactly for
 every placement, and the command line runs end to end."""
 import json
-import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from andrea_jax import config as config_lib, model as model_lib
+from _helpers import run_module
+from andrea_jax import config as config_lib, configs, model as model_lib
 from andrea_jax.model import hf
 from andrea_jax.serve import export, load
 from andrea_jax.data import tokenizer as tokenizer_lib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 HF_RUNS = {"pre": (), "gates": ("model.gates=learned",), "lns": ("model.norm=lns",)}
 TEXT = "Héllo, wörld — 日本語 ✓\n"
 
@@ -130,7 +127,7 @@ def test_hf_greedy_generate_matches_andrea_generate(hf_export):
 
 def init_loaded(tok_path, *overrides, step=7):
     """A LoadedModel of the toy's shapes with random values in every parameter (no training)."""
-    cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), [
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), [
         "model.n_layer=3", "model.d_model=32", "model.n_head=4", "model.seq_len=32",
         "model.vocab_size=300", "prores.schedule=linear", "prores.warmup=4", *overrides]))
     rng = np.random.default_rng(0)
@@ -163,14 +160,9 @@ def test_native_round_trips_bit_exactly(tok_path, tmp_path, overrides):
     assert back.tokenizer.encode(TEXT).ids == loaded.tokenizer.encode(TEXT).ids
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "andrea_jax.export", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_cli_writes_an_hf_export(trained_run, tmp_path):
     out = tmp_path / "hf"
-    proc = run_cli("--workdir", trained_run(), "--out", out, "--step", 3)
+    proc = run_module("andrea_jax.serve.export", "--workdir", trained_run(), "--out", out, "--step", 3)
     assert proc.returncode == 0, proc.stderr
     assert str(out) in proc.stdout and "step 3" in proc.stdout
     assert {p.name for p in out.iterdir()} == set(export.HF_FILES)
@@ -180,11 +172,11 @@ def test_cli_writes_an_hf_export(trained_run, tmp_path):
 
 def test_cli_errors_are_one_line(tok_path, tmp_path):
     missing = tmp_path / "no-such-run"
-    proc = run_cli("--workdir", missing, "--out", tmp_path / "out")
+    proc = run_module("andrea_jax.serve.export", "--workdir", missing, "--out", tmp_path / "out")
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("error: ") and str(missing) in proc.stderr
     # A refused placement, from a native export of it: fails before writing anything.
     native = export.export(init_loaded(tok_path, "model.norm=post"), tmp_path / "native", "native")
-    proc = run_cli("--export", native, "--out", tmp_path / "out")
+    proc = run_module("andrea_jax.serve.export", "--export", native, "--out", tmp_path / "out")
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "--format native" in proc.stderr
     assert not (tmp_path / "out").exists()

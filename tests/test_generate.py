@@ -1,14 +1,15 @@
 """KV-cache decoding against the full forward pass: every placement, alphas < 1, left padding,
 greedy tokens, sampling filters, EOT, long prompts, the command line."""
 import dataclasses
-import subprocess
-import sys
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _helpers
+from _helpers import run_module
 from andrea_jax.serve import generate as gen, load
 from andrea_jax import model as model_lib
 from andrea_jax.config import NORMS, Config, ModelConfig, ProResConfig
@@ -18,12 +19,7 @@ SMALL = ModelConfig(vocab_size=300, seq_len=24, d_model=32, n_layer=3, n_head=4)
 ALPHAS = jnp.array([0.9, 0.45, 0.2], jnp.float32)  # mid-warmup: every block partly on
 
 
-def perturbed_params(cfg, seed=0):
-    """Init plus noise on every leaf, so LayerNorm gains/biases, biases and gates all matter."""
-    params = model_lib.init(cfg, jax.random.key(seed))["params"]
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    return jax.tree.unflatten(tree, [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+perturbed_params = functools.partial(_helpers.perturbed_params, scale=0.3)
 
 
 def cached_logits(model, params, tokens_BT, alphas, prefill_len):
@@ -205,14 +201,12 @@ def test_streaming_reports_every_token_in_order(tok):
 
 def test_generate_cli_streams_from_a_workdir_and_refuses_a_missing_one(trained_run, tmp_path):
     run = trained_run()
-    proc = subprocess.run([sys.executable, "-m", "andrea_jax.generate", "--workdir", str(run), "--prompt",
-                           "ROMEO:", "--max-new-tokens", "8", "--temperature", "0"],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_module("andrea_jax.serve.generate", "--workdir", run, "--prompt", "ROMEO:", "--max-new-tokens", 8,
+                      "--temperature", 0)
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded = load.load(workdir=run)
     want = gen.generate(loaded, [tok_lib.encode(loaded.tokenizer, "ROMEO:")], max_new_tokens=8)[0]
     assert proc.stdout.startswith("ROMEO:" + tok_lib.decode(loaded.tokenizer, want))
-    proc = subprocess.run([sys.executable, "-m", "andrea_jax.generate", "--workdir", str(tmp_path / "nope"),
-                           "--prompt", "x"], capture_output=True, text=True, timeout=300)
+    proc = run_module("andrea_jax.serve.generate", "--workdir", tmp_path / "nope", "--prompt", "x")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'nope'}: no such run folder"]

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax import config as config_lib, configs, model as model_lib
 from andrea_jax.config import Config, ModelConfig
 from andrea_jax.errors import LoadError
 from andrea_jax.model import hf
@@ -67,7 +67,7 @@ def test_imported_weights_compute_transformers_logits(folder):
 
 def test_a_run_starts_from_the_folder_at_step_0_with_a_fresh_optimizer(folder, tmp_path, tok_path):
     family, path, _ = folder
-    cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), [
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), [
         f"model.family={family}", f"model.vocab_size={V}", f"model.seq_len={S}", f"model.d_model={D}",
         f"model.n_layer={L}", f"model.n_head={H}", "train.steps=1", "train.batch_size=4", "train.eval_every=0",
         "train.sample_tokens=0", "train.checkpoint_every=1", "optim.warmup_steps=10",  # step 1's LR is 0

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax import config as config_lib, configs, model as model_lib
 from andrea_jax.config import NORMS, ConfigError, ModelConfig, OptimConfig
 from andrea_jax.data import tokenizer as tokenizer_lib
 from andrea_jax.model import hf, prores
@@ -37,16 +37,16 @@ def jitted(cfg):
 
 
 def tiny(*overrides):
-    return config_lib.validate(config_lib.override(config_lib.load("tiny"), ["model.family=llama", *overrides]))
+    return config_lib.validate(config_lib.override(configs.load("tiny"), ["model.family=llama", *overrides]))
 
 
 # --- config ---------------------------------------------------------------------------------------
 
 def test_shipped_configs_stay_gpt2_and_the_family_is_validated():
     for name in ("tiny", "andrea_120m", "depth:family=tiny,layers=24", "depth:family=71m,layers=96"):
-        assert config_lib.load(name).model.family == "gpt2", name
+        assert configs.load(name).model.family == "gpt2", name
     with pytest.raises(ConfigError, match=r"^model\.family: unknown model family 'mamba'; known: gpt2, llama$"):
-        config_lib.validate(config_lib.override(config_lib.load("tiny"), ["model.family=mamba"]))
+        config_lib.validate(config_lib.override(configs.load("tiny"), ["model.family=mamba"]))
     with pytest.raises(ConfigError, match=r"^model\.family: .*head dim 3 .* must be even"):
         tiny("model.d_model=12", "model.n_head=4")
     for impl in ("pallas", "triton"):  # refused before anything compiles, naming both settings
@@ -54,7 +54,7 @@ def test_shipped_configs_stay_gpt2_and_the_family_is_validated():
             tiny(f"kernels.impl={impl}")
         assert "\n" not in str(err.value)
     assert tiny("kernels.impl=xla").kernels.impl == "xla"
-    config_lib.validate(config_lib.override(config_lib.load("tiny"), ["kernels.impl=pallas"]))  # gpt2 keeps them
+    config_lib.validate(config_lib.override(configs.load("tiny"), ["kernels.impl=pallas"]))  # gpt2 keeps them
 
 
 # --- parameters and weight decay ----------------------------------------------------------------
@@ -104,7 +104,7 @@ def test_decay_mask_is_the_linears_the_head_and_the_final_norm():
             p = p[k.key]
         want = -0.5 * 0.1 * p if jax.tree_util.keystr(path) in decayed else jnp.zeros_like(p)
         np.testing.assert_allclose(u, want, rtol=1e-6, err_msg=jax.tree_util.keystr(path))  # measured exact
-    assert steps._tx_and_model(tiny())[0] is not steps._tx_and_model(config_lib.load("tiny"))[0]
+    assert steps._tx_and_model(tiny())[0] is not steps._tx_and_model(configs.load("tiny"))[0]
 
 
 # --- the forward pass -----------------------------------------------------------------------------
@@ -345,7 +345,8 @@ def test_sharding_rules_cover_every_llama_param():
 
 
 def test_sharded_llama_step_equals_one_device():
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "llama_sharded_main.py")], env=cpu_devices_env(8),
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "programs" / "llama_sharded.py")],
+                          env=cpu_devices_env(8),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     for shape in ["(2, 2, 2)", "(1, 2, 4)"]:

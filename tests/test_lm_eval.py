@@ -6,8 +6,6 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"  # before lm_eval imports datasets: noth
 
 import functools
 import pathlib
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -17,6 +15,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from _helpers import run_module
 from andrea_jax.serve import scoring, tasks
 from andrea_jax.data import tokenizer as tok_lib
 from andrea_jax.serve.lm_eval_adapter import AndreaLM, cut_at_stop
@@ -136,10 +135,9 @@ def test_sampling_settings_follow_gen_kwargs():
 
 
 def test_lm_eval_command_line_runs_the_model(trained_run):
-    proc = subprocess.run(
-        [sys.executable, "-m", "andrea_jax.lm_eval_adapter", "--model", "andrea", "--model_args",
-         f"workdir={trained_run()}", "--batch_size", "16", "--tasks", "andrea_shakespeare_mc", "--limit", "4"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_DATASETS_OFFLINE": "1"})
+    proc = run_module("andrea_jax.serve.lm_eval_adapter", "--model", "andrea", "--model_args",
+                      f"workdir={trained_run()}", "--batch_size", 16, "--tasks", "andrea_shakespeare_mc", "--limit", 4,
+                      env={**os.environ, "HF_DATASETS_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout
     assert "|andrea_shakespeare_mc|" in table.replace(" ", "") and "acc_norm" in table

@@ -111,8 +111,9 @@ def test_an_installed_kernels_package_wins_over_the_root_folder(tmp_path):
 def test_importing_the_package_and_its_config_has_no_side_effects():
     probe = ("import os, sys\n"
              "env, fd2 = dict(os.environ), os.fstat(2)\n"
-             "import andrea_jax, andrea_jax.config, andrea_jax.errors, andrea_jax.startup, andrea_jax.commands\n"
-             "cfg = andrea_jax.config.validate(andrea_jax.config.load('tiny'))\n"
+             "import andrea_jax, andrea_jax.config, andrea_jax.configs, andrea_jax.errors, andrea_jax.startup\n"
+             "import andrea_jax.commands\n"
+             "cfg = andrea_jax.config.validate(andrea_jax.configs.load('tiny'))\n"
              "same_fd2 = (os.fstat(2).st_ino, os.fstat(2).st_dev) == (fd2.st_ino, fd2.st_dev)\n"
              "print('jax' in sys.modules, dict(os.environ) == env, same_fd2)")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,

@@ -1,4 +1,4 @@
-"""`python -m andrea_jax.plot` makes its files from a short real training run."""
+"""`python -m andrea_jax.repro.plot` makes its files from a short real training run."""
 import json
 import shutil
 import subprocess
@@ -8,7 +8,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from andrea_jax import config as config_lib, plot
+from andrea_jax import config as config_lib, configs
+from andrea_jax.repro import plot
 from andrea_jax.train import loop as trainer
 
 L = 3
@@ -16,7 +17,7 @@ L = 3
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    cfg = config_lib.override(config_lib.load("tiny"), [
+    cfg = config_lib.override(configs.load("tiny"), [
         "model.d_model=32", f"model.n_layer={L}", "model.n_head=2", "model.seq_len=32",
         "train.steps=6", "train.batch_size=4", "train.log_every=2", "train.eval_every=3",
         "train.eval_batches=1", "train.sample_tokens=0", "prores.schedule=linear", "prores.warmup=1",
@@ -42,8 +43,8 @@ def test_plot_command_draws_every_figure_of_real_runs(run_dir, tmp_path):
     plain_lines = [{k: v for k, v in l.items() if not isinstance(v, list)} for l in lines]
     (plain / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in plain_lines))
     out = tmp_path / "plots"
-    result = subprocess.run([sys.executable, "-m", "andrea_jax.plot", str(run_dir), str(plain), "--out", str(out)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "andrea_jax.repro.plot", str(run_dir), str(plain),
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "baseline: no per-layer diagnostics" in result.stderr
     want = ["loss.png"] + [f"prores_{name}.png" for name in plot.PER_RUN]
@@ -74,7 +75,7 @@ def test_runs_with_the_same_folder_name_get_distinct_labels(run_dir, tmp_path):
 
 
 def test_a_folder_without_metrics_is_a_clear_error(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "andrea_jax.plot", str(tmp_path), "--out", str(tmp_path / "o")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "andrea_jax.repro.plot", str(tmp_path),
+                             "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert f"{tmp_path} has no metrics.jsonl" in result.stderr

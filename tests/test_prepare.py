@@ -12,31 +12,13 @@ import pytest
 import tensorflow_datasets as tfds
 
 import train as train_cli
+from _corpus import LAST_DOCUMENT, SHAKESPEARE, run_prepare, write_corpus
 from andrea_jax import config as config_lib
 from andrea_jax.data import pipeline, sampling, token_cache, token_shards, tokenizer as tok_lib
 from andrea_jax.data.prepare import corpus_units, driver as prepare
 from andrea_jax.errors import DataError
 
-SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
 PARAGRAPHS = [p for p in SHAKESPEARE[:300_000].split("\n\n") if p.strip()]
-
-
-def write_corpus(folder, n_files=5):
-    """n_files .jsonl files of paragraphs and one .txt; returns the documents in corpus order."""
-    folder.mkdir(parents=True)
-    docs = []
-    for f in range(n_files):
-        part = PARAGRAPHS[f * len(PARAGRAPHS) // n_files:(f + 1) * len(PARAGRAPHS) // n_files]
-        (folder / f"part{f}.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in part))
-        docs += part
-    (folder / "z_last.txt").write_text("The very last document.\n")
-    return docs + ["The very last document.\n"]
-
-
-def run(corpus, out, *extra, shards=3, workers=2):
-    argv = ["--source", "files", "--path", str(corpus), "--out", str(out), "--workers", str(workers),
-            "--shards", str(shards), *extra]
-    return prepare.main(argv)
 
 
 def shard_documents(out):
@@ -57,9 +39,10 @@ def mtimes(out):
 
 
 def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_path, tok_path, capsys):
-    docs = write_corpus(tmp_path / "corpus")
+    write_corpus(tmp_path / "corpus", n_files=5, paragraphs=PARAGRAPHS)
+    docs = [*PARAGRAPHS, LAST_DOCUMENT]
     out = tmp_path / "prepared"
-    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0, capsys.readouterr().err
+    assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0, capsys.readouterr().err
     tok = tok_lib.load(tok_path)
 
     # Document by document, in corpus order: each document's own encoding followed by end-of-text.
@@ -95,7 +78,7 @@ def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_pa
     # A rerun on the complete output does nothing: no pipeline, no file touched.
     before = mtimes(out)
     stream = np.asarray(tokens).copy()
-    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
+    assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
     assert "is complete" in capsys.readouterr().out
     assert mtimes(out) == before
 
@@ -106,7 +89,7 @@ def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_pa
     with open(out / tokens.files[2], "r+b") as f:
         f.truncate(100)
     (out / f"{tokens.files[1]}.tmp4242").write_bytes(b"half a shard")   # as a killed worker leaves it
-    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
+    assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
     assert not list(out.glob("*.tmp*"))
     assert '"shards_tokenized": 2' in capsys.readouterr().out
     after = mtimes(out)
@@ -117,16 +100,17 @@ def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_pa
     # A shard damaged after completion (the manifest still there): the rerun redoes that one.
     with open(out / tokens.files[0], "r+b") as f:
         f.truncate(10)
-    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
+    assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
     printed = capsys.readouterr().out
     assert f"token shard {out / tokens.files[0]} has 10 bytes" in printed and '"shards_tokenized": 1' in printed
     np.testing.assert_array_equal(np.asarray(token_shards.ShardedTokens.open(out)), stream)
 
 
 def test_trained_tokenizer_sees_a_uniform_sample_from_the_whole_corpus(tmp_path, capsys):
-    docs = write_corpus(tmp_path / "corpus")
+    write_corpus(tmp_path / "corpus", n_files=5, paragraphs=PARAGRAPHS)
+    docs = [*PARAGRAPHS, LAST_DOCUMENT]
     n_sample = 300  # of 2097 documents
-    assert run(tmp_path / "corpus", tmp_path / "out", "--vocab-size", "400", "--tokenizer-docs",
+    assert run_prepare(tmp_path / "corpus", tmp_path / "out", "--vocab-size", "400", "--tokenizer-docs",
                str(n_sample)) == 0, capsys.readouterr().err
     # The reference sample: the documents of smallest seeded key, independently of Beam.
     counts = [len(PARAGRAPHS[f * len(PARAGRAPHS) // 5:(f + 1) * len(PARAGRAPHS) // 5]) for f in range(5)] + [1]
@@ -167,17 +151,18 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, tok_path, capsys):
     # An empty corpus (found in a worker, reported by the driver).
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "a.jsonl").write_text('{"text": "  "}\n\n')
-    assert run(tmp_path / "empty", tmp_path / "out_empty", "--tokenizer", str(tok_path), workers=1, shards=1) == 1
+    assert run_prepare(tmp_path / "empty", tmp_path / "out_empty", "--tokenizer", str(tok_path), workers=1,
+                       shards=1) == 1
     assert error_line(capsys) == f"error: corpus {tmp_path}/empty/a.jsonl is empty"
 
     # A tokenizer other than the one the output was prepared with.
-    write_corpus(tmp_path / "corpus")
+    write_corpus(tmp_path / "corpus", n_files=5, paragraphs=PARAGRAPHS)
     out = tmp_path / "out"
     other = tmp_path / "other.json"
     tok_lib.train([SHAKESPEARE[300_000:400_000]], 300).save(str(other))
-    assert run(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
+    assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0
     capsys.readouterr()
-    assert run(tmp_path / "corpus", out, "--tokenizer", str(other)) == 1
+    assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(other)) == 1
     line = error_line(capsys)
     assert line.startswith(f"error: --tokenizer {other} (hash ")
     assert f"is not the tokenizer {out}/tokenizer.json" in line

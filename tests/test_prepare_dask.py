@@ -19,7 +19,7 @@ import distributed  # noqa: F401  a test dependency (the `test` extra has apache
 import portpicker
 import pytest
 
-from _corpus import PARAGRAPHS, write_corpus
+from _corpus import PARAGRAPHS, run_prepare, write_corpus
 from andrea_jax.data.prepare import dask_cluster, driver as prepare, pipelines
 
 
@@ -74,11 +74,6 @@ def scheduler(tmp_path_factory):
         yield address
 
 
-def run(corpus, out, *extra, shards=3, workers=2):
-    return prepare.main(["--source", "files", "--path", str(corpus), "--out", str(out), "--shards", str(shards),
-                         "--workers", str(workers), *extra])
-
-
 def contents(out: pathlib.Path) -> dict:
     """Every file of a prepared folder: its bytes; a marker's JSON less its timing (`made`)."""
     found = {}
@@ -97,8 +92,8 @@ def test_dask_output_is_the_direct_runners_byte_for_byte(tokenizer, scheduler, t
     corpus = write_corpus(tmp_path / "corpus")
     extra = ["--tokenizer", str(tok_path)] if tokenizer == "given" else ["--vocab-size", "300",
                                                                          "--tokenizer-docs", "150"]
-    assert run(corpus, tmp_path / "direct", *extra) == 0, capsys.readouterr().err
-    assert run(corpus, tmp_path / "dask", *extra, "--runner", "dask", "--scheduler", scheduler) == 0, \
+    assert run_prepare(corpus, tmp_path / "direct", *extra) == 0, capsys.readouterr().err
+    assert run_prepare(corpus, tmp_path / "dask", *extra, "--runner", "dask", "--scheduler", scheduler) == 0, \
         capsys.readouterr().err
     assert '"shards_tokenized": 3' in capsys.readouterr().out
     want, got = contents(tmp_path / "direct"), contents(tmp_path / "dask")
@@ -116,15 +111,15 @@ def test_local_dask_cluster_and_an_empty_corpus_without_tokenizer(tmp_path, tok_
     reported as such, and only such a corpus (on Dask, Top.Smallest's output is lost, which must not
     read as an empty corpus)."""
     corpus = write_corpus(tmp_path / "corpus", n_files=2)
-    assert run(corpus, tmp_path / "direct", "--tokenizer", str(tok_path), shards=2) == 0
-    assert run(corpus, tmp_path / "dask", "--tokenizer", str(tok_path), "--runner", "dask", shards=2) == 0, \
+    assert run_prepare(corpus, tmp_path / "direct", "--tokenizer", str(tok_path), shards=2) == 0
+    assert run_prepare(corpus, tmp_path / "dask", "--tokenizer", str(tok_path), "--runner", "dask", shards=2) == 0, \
         capsys.readouterr().err
     assert contents(tmp_path / "dask") == contents(tmp_path / "direct")
     capsys.readouterr()
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "a.jsonl").write_text('{"text": "  "}\n\n')
-    assert run(tmp_path / "empty", tmp_path / "out_empty", "--runner", "dask", shards=1, workers=1) == 1
+    assert run_prepare(tmp_path / "empty", tmp_path / "out_empty", "--runner", "dask", shards=1, workers=1) == 1
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if line.startswith("error: ")] == [
         f"error: corpus {tmp_path}/empty/a.jsonl is empty"], err
@@ -159,7 +154,7 @@ def test_a_scheduler_that_cannot_run_the_job_is_one_line(scheduler, tmp_path, to
     assert time.perf_counter() - start < 30
     # Workers without the package: checked by its distribution's name before any task is sent.
     monkeypatch.setattr(dask_cluster, "PACKAGE", "andrea-jax-not-installed")
-    assert run(corpus, tmp_path / "out", "--tokenizer", str(tok_path), "--runner", "dask",
+    assert run_prepare(corpus, tmp_path / "out", "--tokenizer", str(tok_path), "--runner", "dask",
                "--scheduler", scheduler) == 1
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
@@ -201,7 +196,7 @@ def long_corpus(tmp_path_factory, tok_path):
     corpus.mkdir()
     for f in range(SHARDS):   # ~0.25 MB each
         (corpus / f"part{f}.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in PARAGRAPHS) * 4)
-    assert run(corpus, folder / "direct", "--tokenizer", str(tok_path), shards=SHARDS) == 0
+    assert run_prepare(corpus, folder / "direct", "--tokenizer", str(tok_path), shards=SHARDS) == 0
     return corpus, contents(folder / "direct")
 
 
@@ -235,7 +230,7 @@ def test_a_rerun_after_a_lost_cluster_redoes_exactly_the_unfinished_shards(long_
     assert 1 <= len(done) < SHARDS
     before = {name: (out / name).stat().st_mtime_ns for name in done}
     # The rerun (on a local cluster) redoes exactly the shards without a marker.
-    assert run(corpus, out, "--tokenizer", str(tok_path), "--runner", "dask", shards=SHARDS) == 0, \
+    assert run_prepare(corpus, out, "--tokenizer", str(tok_path), "--runner", "dask", shards=SHARDS) == 0, \
         capsys.readouterr().err
     assert f'"shards_tokenized": {SHARDS - len(done)}' in capsys.readouterr().out
     assert {name: (out / name).stat().st_mtime_ns for name in done} == before

@@ -9,7 +9,7 @@ import sys
 import jax
 import pytest
 
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, configs
 from andrea_jax.errors import ConfigError
 from andrea_jax.train import loop as trainer
 
@@ -21,7 +21,7 @@ SMALL = ["model.d_model=32", "model.n_layer=2", "model.n_head=2", "model.seq_len
 
 
 def test_metric_lines_carry_mfu_over_the_given_peak_and_the_profile_writes_a_trace(tmp_path, tok_path):
-    cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), [
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), [
         *SMALL, f"data.tokenizer={tok_path}", "train.peak_tflops=2e-6", "train.profile=2:3"]))
     lines = trainer.train(cfg, tmp_path, show_progress=False)
     # The formula, written out for this shape: 6 x (L (4 D^2 + 2 D 4D) + V D) + 6 L D (T + 1)
@@ -36,13 +36,13 @@ def test_metric_lines_carry_mfu_over_the_given_peak_and_the_profile_writes_a_tra
 
 
 def test_no_peak_no_mfu_and_a_bad_profile_window_is_named(tmp_path, tok_path):
-    cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), [*SMALL, f"data.tokenizer={tok_path}",
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), [*SMALL, f"data.tokenizer={tok_path}",
                                                                            "train.steps=1"]))
     assert "mfu" not in trainer.train(cfg, tmp_path, show_progress=False)[0]  # a CPU has no peak
     assert not (tmp_path / "profile").exists()
     for bad in ("3", "3:2", "0:2", "a:b"):
         with pytest.raises(ConfigError, match="train.profile"):
-            config_lib.validate(config_lib.override(config_lib.load("tiny"), [f"train.profile={bad}"]))
+            config_lib.validate(config_lib.override(configs.load("tiny"), [f"train.profile={bad}"]))
 
 
 def test_the_compile_cache_lives_in_andrea_cache_and_a_flag_turns_it_off(tmp_path, tok_path):

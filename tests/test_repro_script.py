@@ -94,8 +94,9 @@ def test_toy_ablation_writes_report_and_figures_and_resumes(tmp_path, tok_path):
     # Experiment A as a sweep spec (scripts/sweeps/ablation.py), on the same folders and overrides:
     # the sweep runner plans the same runs, finds both done, and writes the same report, byte for byte.
     written = {p: p.read_bytes() for p in [docs / "RESULTS.md", *(docs / "prores_repro").rglob("*") ] if p.is_file()}
-    sweep = subprocess.run([sys.executable, "-m", "andrea_jax.sweep", str(ROOT / "scripts" / "sweeps" / "ablation.py"),
-                            *command[command.index("--toy"):]], capture_output=True, text=True, timeout=300)
+    sweep = subprocess.run([sys.executable, "-m", "andrea_jax.repro.sweep",
+                            str(ROOT / "scripts" / "sweeps" / "ablation.py"), *command[command.index("--toy"):]],
+                           capture_output=True, text=True, timeout=300)
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     assert "2 of 2 runs already done; training 0" in sweep.stdout
     rewritten = {p: p.read_bytes() for p in [docs / "RESULTS.md", *(docs / "prores_repro").rglob("*")] if p.is_file()}
@@ -144,11 +145,11 @@ def test_toy_gpu_experiment_trains_the_scaled_arm_and_draws_the_mechanism(tmp_pa
 
 @pytest.mark.parametrize("name", sorted(__import__("andrea_jax.repro.experiments", fromlist=["x"]).EXPERIMENTS))
 def test_every_arm_of_every_experiment_is_a_valid_config_with_its_steps_stated(name):
-    from andrea_jax import config as config_lib
+    from andrea_jax import config as config_lib, configs
     from andrea_jax.repro import experiments, runner
     exp = experiments.EXPERIMENTS[name]
     assert exp.baseline in exp.arms
     for arm in exp.arms:
         sets = experiments.run_sets(exp, arm, 0)
-        cfg = config_lib.validate(config_lib.override(config_lib.load(exp.config), sets))
+        cfg = config_lib.validate(config_lib.override(configs.load(exp.config), sets))
         assert runner.steps_of(sets) == cfg.train.steps == exp.steps(), (name, arm)

@@ -16,7 +16,7 @@ import numpy as np
 import portpicker
 import pytest
 
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, configs
 from andrea_jax.errors import TrainingError
 from andrea_jax.serve import load
 from andrea_jax.train import loop as trainer, preemption
@@ -192,7 +192,7 @@ def test_fresh_caches_give_the_same_run_and_old_checkpoints_go(tmp_path):
 
 def diverging(tok_path, *extra):
     # lr 0 at the first update (warmup from 0), then 1e30: the loss of step 3 is the first not finite.
-    return config_lib.validate(config_lib.override(config_lib.load("tiny"), TOY + [
+    return config_lib.validate(config_lib.override(configs.load("tiny"), TOY + [
         "optim.lr=1e30", "optim.warmup_steps=1", "prores.schedule=none", "model.vocab_size=300",
         f"data.tokenizer={tok_path}", "train.eval_every=0", *extra]))
 

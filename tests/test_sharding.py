@@ -38,7 +38,7 @@ def devices_env(n: int) -> dict:
 
 
 def run_main(section: str):
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sharded_train_main.py"), section],
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "programs" / "sharded_train.py"), section],
                           env=devices_env(8), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     assert f"ALL OK {section}" in proc.stdout
@@ -115,7 +115,7 @@ MICRO = Config(model=ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer
 
 
 def with_microbatches(k):
-    return dataclasses.replace(MICRO, train=dataclasses.replace(MICRO.train, microbatches=k))
+    return config_lib.override(MICRO, [f"train.microbatches={k}"])
 
 
 def test_microbatches_accumulate_slices_into_the_update_of_the_whole_batch():

@@ -1,4 +1,4 @@
-"""python -m andrea_jax.sweep on a 2 x 2 grid (depth x ProRes schedule, baseline: no ProRes) of
+"""python -m andrea_jax.repro.sweep on a 2 x 2 grid (depth x ProRes schedule, baseline: no ProRes) of
 2 seeds, trained 2 at a time on the CPU: killed mid-run, the rerun resumes the stopped runs from
 their checkpoints and retrains none of the finished ones; the report pairs each arm with the
 baseline of its group; --slurm writes one array task per run with the runner's command."""
@@ -15,15 +15,15 @@ import time
 
 import pytest
 
-from andrea_jax import sweep as sweep_lib
+from andrea_jax.repro import sweep as sweep_lib
 from andrea_jax.errors import ConfigError
-from andrea_jax.sweep import Sweep
+from andrea_jax.repro.sweep import Sweep
 from andrea_jax.repro import experiments, runner
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SPEC = '''
-from andrea_jax.sweep import Sweep
+from andrea_jax.repro.sweep import Sweep
 SWEEP = Sweep(
     name="toy", config="tiny",
     axes={{"model.n_layer": [1, 2], "prores.schedule": ["none", "linear"]}},
@@ -38,7 +38,7 @@ SWEEP = Sweep(
 
 
 def sweep_command(spec, runs, *flags):
-    return [sys.executable, "-m", "andrea_jax.sweep", str(spec), "--runs", str(runs), "--jobs", "2", *flags]
+    return [sys.executable, "-m", "andrea_jax.repro.sweep", str(spec), "--runs", str(runs), "--jobs", "2", *flags]
 
 
 def test_a_grid_runs_two_at_a_time_resumes_after_a_kill_and_reports(tmp_path, tok_path):

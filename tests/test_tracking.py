@@ -5,7 +5,7 @@ run."""
 import json
 import struct
 
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, configs
 from andrea_jax.train import loop as trainer
 
 BLOCK, HEADER = 32768, 7  # W&B's log: 32 KiB blocks of records [crc32, length u16, type u8, data]
@@ -57,7 +57,7 @@ def read_offline_run(workdir):
 def test_wandb_offline_holds_every_metric_line_the_config_and_the_tags(tmp_path, tok_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = config_lib.validate(config_lib.override(config_lib.load("tiny"), [
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), [
         "model.d_model=32", "model.n_layer=2", "model.n_head=2", "model.seq_len=16", "model.vocab_size=300",
         f"data.tokenizer={tok_path}", "train.steps=4", "train.batch_size=4", "train.log_every=2",
         "train.eval_every=4", "train.eval_batches=1", "train.sample_tokens=0", "train.checkpoint_every=4",

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import train
-from andrea_jax import config as config_lib, model as model_lib
+from andrea_jax import config as config_lib, configs, model as model_lib
 from andrea_jax.model import prores
 from andrea_jax.train import steps, loop as trainer
 from andrea_jax.config import Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig
@@ -74,7 +74,7 @@ def test_cli_trains_and_writes_metrics(tmp_path):
 
 
 def test_same_seed_same_losses_other_seed_other_losses(tmp_path):
-    cfg = config_lib.override(config_lib.load("tiny"), [
+    cfg = config_lib.override(configs.load("tiny"), [
         "train.steps=4", "train.log_every=1", "train.eval_every=0", "train.sample_tokens=0",
         "model.n_layer=2", "model.d_model=32", "model.seq_len=16", "train.batch_size=4",
         "prores.schedule=linear", "prores.warmup=2"])  # alphas from [0, 0] at step 1 to [1, 0.75] at step 4

@@ -1,6 +1,6 @@
 """prores.scale_updates: block l's AdamW update times alpha_l (or sqrt(alpha_l)), computed from the
 step of the forward pass, against the update of the paper's AdamW from the same state. (Every mesh
-and microbatch count: tests/sharded_train_main.py; resume: tests/test_resume.py; both run with it on.)"""
+and microbatch count: tests/programs/sharded_train.py; resume: tests/test_resume.py; both run with it on.)"""
 import dataclasses
 
 import jax

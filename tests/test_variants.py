@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import _ref_blocks as ref
-from andrea_jax import config as config_lib
+from _helpers import perturbed_params
+from andrea_jax import config as config_lib, configs
 from andrea_jax import model as model_lib
 from andrea_jax.config import ModelConfig
 from andrea_jax.configs import andrea_120m
@@ -20,14 +21,6 @@ SMALL = ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=5, n_head=4)
 
 def variant(**changes) -> ModelConfig:
     return dataclasses.replace(SMALL, **changes)
-
-
-def perturbed_params(cfg, seed=0):
-    """Init, then noise on everything so that LayerNorm gains/biases and biases are seen."""
-    params = model_lib.init(cfg, jax.random.key(seed))["params"]
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    return jax.tree.unflatten(tree, [p + 0.1 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
 
 
 def block_input(cfg, B=2, T=12, seed=3):
@@ -192,20 +185,20 @@ def test_unknown_variant_names_its_key():
 @pytest.mark.parametrize("family", ["71m", "tiny"])
 def test_depth_sweep_configs(family):
     depths = (12, 24, 48, 72, 96, 120)
-    configs = [config_lib.validate(config_lib.load(f"depth:family={family},layers={L}")) for L in depths]
-    assert [c.model.n_layer for c in configs] == list(depths)
+    members = [config_lib.validate(configs.load(f"depth:family={family},layers={L}")) for L in depths]
+    assert [c.model.n_layer for c in members] == list(depths)
     width = {"71m": (512, 8), "tiny": (64, 4)}[family]
-    assert all((c.model.d_model, c.model.n_head) == width for c in configs)
-    assert all(c.diagnostics.every > 0 for c in configs)
+    assert all((c.model.d_model, c.model.n_head) == width for c in members)
+    assert all(c.diagnostics.every > 0 for c in members)
     # ProRes T: the paper's 1000 (500 at 96 and 120 layers) of 100k steps; tiny scales that to 1%
     # (0.5%) of its 300 steps, rounded to whole steps.
     want = {"71m": [1000] * 4 + [500] * 2, "tiny": [3] * 4 + [2] * 2}[family]
-    assert [c.prores.warmup for c in configs] == want
-    assert all(c.train.steps == {"71m": 100_000, "tiny": 300}[family] for c in configs)
+    assert [c.prores.warmup for c in members] == want
+    assert all(c.train.steps == {"71m": 100_000, "tiny": 300}[family] for c in members)
 
 
 @pytest.mark.parametrize("arg", ["", "family=tiny", "family=tiny,layers=13", "family=big,layers=12",
                                  "family=tiny,layers=12,width=3"])
 def test_depth_config_refuses_a_bad_argument(arg):
     with pytest.raises(config_lib.ConfigError, match="config depth"):
-        config_lib.load(f"depth:{arg}" if arg else "depth")
+        configs.load(f"depth:{arg}" if arg else "depth")

@@ -89,11 +89,11 @@ def main(argv=None) -> int:
     with native_stderr_silenced():  # the CUDA plugin's "no driver" lines
         import jax
         jax.devices("cpu")  # discovers and loads the plugins
-    from andrea_jax import config as config_lib
+    from andrea_jax import config as config_lib, configs
     from andrea_jax.errors import ConfigError
 
     try:
-        cfg = config_lib.validate(config_lib.override(config_lib.load(args.config), args.set))
+        cfg = config_lib.validate(config_lib.override(configs.load(args.config), args.set))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -139,24 +139,25 @@ SCALED_POST_LN_LLAMA = dataclasses.replace(
     scale=SCALED_POST_LN.scale + "; model.family=llama (RMSNorm, SwiGLU of width 4 d, RoPE, no biases, untied head)",
 )
 
+
+def _scaled_post_ln_with(setting: str, was: str, scale: tuple[str, str], **changes) -> Experiment:
+    """Experiment E with its common setting `was` replaced by `setting`, and its scale line
+    (`scale`: the words replaced, their replacement) saying so."""
+    common = tuple(setting if s == was else s for s in SCALED_POST_LN.common)
+    return dataclasses.replace(SCALED_POST_LN, common=common, scale=SCALED_POST_LN.scale.replace(*scale), **changes)
+
+
 # The noise test: do the scalings still matter when 8x the batch divides the gradient noise?
-SCALED_POST_LN_8X = dataclasses.replace(
-    SCALED_POST_LN,
-    name="postln_scaled_8x",
-    title="Experiment E (noise): Experiment E at 8x the batch",
-    common=tuple("train.batch_size=64" if s == "train.batch_size=8" else s for s in SCALED_POST_LN.common),
-    scale=SCALED_POST_LN.scale.replace("8 x 32 tokens", "64 x 32 tokens (8x Experiment E's batch)"),
-)
+SCALED_POST_LN_8X = _scaled_post_ln_with(
+    "train.batch_size=64", was="train.batch_size=8",
+    scale=("8 x 32 tokens", "64 x 32 tokens (8x Experiment E's batch)"),
+    name="postln_scaled_8x", title="Experiment E (noise): Experiment E at 8x the batch")
 
 # The delay-or-trap test: does linear ProRes leave the plateau given 3x the steps?
-SCALED_POST_LN_LONG = dataclasses.replace(
-    SCALED_POST_LN,
-    name="postln_scaled_long",
-    title="Experiment E (delay or trap): Experiment E's arms for 4500 steps",
-    arms={k: v for k, v in _SCALED_ARMS.items() if k != "linear_sqrt_alpha"},
-    common=tuple("train.steps=4500" if s == "train.steps=1500" else s for s in SCALED_POST_LN.common),
-    scale=SCALED_POST_LN.scale.replace("1500 steps", "4500 steps (3x Experiment E)"),
-)
+SCALED_POST_LN_LONG = _scaled_post_ln_with(
+    "train.steps=4500", was="train.steps=1500", scale=("1500 steps", "4500 steps (3x Experiment E)"),
+    name="postln_scaled_long", title="Experiment E (delay or trap): Experiment E's arms for 4500 steps",
+    arms={k: v for k, v in _SCALED_ARMS.items() if k != "linear_sqrt_alpha"})
 
 SCALED_TINY = dataclasses.replace(
     T_SWEEP,

@@ -1,6 +1,6 @@
 """Evaluating a trained model: perplexity and bits per byte of its data, and small zero-shot tasks.
 
-    python -m andrea_jax.evaluate (--workdir DIR [--step N] | --export OUT) [--set data.KEY=VALUE ...]
+    andrea-evaluate (--workdir DIR [--step N] | --export OUT) [--set data.KEY=VALUE ...]
         [--split val|train] [--stride S] [--batch-size B] [--max-documents N] [--task FILE.jsonl ...]
 
 Perplexity (the default) is measured on the token stream of the data the run was trained on: the
@@ -102,7 +102,7 @@ def _positive(text: str) -> int:
 
 @signals.command  # a second SIGINT or SIGTERM stops the process at once, whatever it is doing
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m andrea_jax.evaluate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="andrea-evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     load.add_source_args(parser)
     parser.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE",

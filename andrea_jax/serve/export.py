@@ -1,4 +1,4 @@
-"""Exporting a trained run: `python -m andrea_jax.export --workdir DIR --out OUT [--step N] [--format hf|native]`.
+"""Exporting a trained run: `andrea-export --workdir DIR --out OUT [--step N] [--format hf|native]`.
 
 `hf` (default) writes a Hugging Face GPT-2 checkpoint that `transformers` loads as it would
 OpenAI's GPT-2, with no code of ours: `GPT2LMHeadModel.from_pretrained(OUT)` and
@@ -212,7 +212,7 @@ def export(loaded: LoadedModel, out, fmt: str = "hf") -> pathlib.Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m andrea_jax.export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="andrea-export", description=__doc__.split("\n\n")[0])
     load.add_source_args(parser)
     parser.add_argument("--out", required=True, help="the folder to write the export into")
     parser.add_argument("--format", choices=FORMATS, default="hf",

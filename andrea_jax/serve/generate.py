@@ -1,6 +1,6 @@
 """Sampling text with a KV cache: one jitted prefill, then one jitted `lax.while_loop` of decode steps.
 
-    python -m andrea_jax.generate (--workdir DIR [--step N] | --export OUT) --prompt TEXT
+    andrea-generate (--workdir DIR [--step N] | --export OUT) --prompt TEXT
         [--prompt-file F] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
 
 The parameters and alphas are jit arguments (never constants baked into the program), so one

@@ -5,16 +5,16 @@
 
 lm-eval 0.4.13 finds models only in its own registry (no entry points, no plugin hook), so the
 `lm_eval` command cannot see a model defined outside lm_eval. Importing this module registers
-`andrea`; `andrea-lm-eval` (installed with the package; also `python -m andrea_jax.lm_eval_adapter`)
+`andrea`; `andrea-lm-eval` (installed with the package; also `python -m andrea_jax.serve.lm_eval_adapter`)
 registers it and then runs lm_eval's own command line, unchanged. With no
 --include_path it adds the project's tasks/lm_eval (andrea_shakespeare_mc, andrea_shakespeare_lambada).
 From Python: `lm_eval.simple_evaluate(model=AndreaLM(workdir=...), tasks=[...])`, or
 `model="andrea"` once this module is imported.
 
 model_args: workdir=DIR or export=DIR, step=N (a workdir's checkpoint), batch_size=B, impl=xla|pallas|
-triton, seed=S (sampling in generate_until). Scoring is andrea_jax.evaluate's: `loglikelihood`
+triton, seed=S (sampling in generate_until). Scoring is andrea_jax.serve.evaluate's: `loglikelihood`
 and `loglikelihood_rolling` (disjoint windows of model.seq_len, lm-eval's default) are the same
-functions `python -m andrea_jax.evaluate` uses; `generate_until` samples with andrea_jax.generate.
+functions `andrea-evaluate` uses; `generate_until` samples with andrea_jax.serve.generate.
 """
 from __future__ import annotations
 

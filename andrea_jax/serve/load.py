@@ -3,7 +3,7 @@ lm-eval adapter and the trainer's closing sample.
 
 From a workdir it reads the config the run saved, its tokenizer and the *parameters only* of the
 newest checkpoint (or of `step`): Orbax restores the `params` subtree of the saved train state and
-never reads the optimizer state. From a native export (`andrea_jax.export --format native`) it reads
+never reads the optimizer state. From a native export (`andrea-export --format native`) it reads
 safetensors, a JSON config and the tokenizer. Either way the parameters land on the current devices
 (replicated over them) as float32 arrays, and nothing is unpickled.
 
@@ -161,7 +161,7 @@ def add_source_args(parser) -> None:
     """--workdir / --export / --step, shared by the command lines of export, generate and evaluate."""
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--workdir", help="a training run's folder (its newest checkpoint unless --step)")
-    group.add_argument("--export", help="a native export folder (andrea_jax.export --format native)")
+    group.add_argument("--export", help="a native export folder (andrea-export --format native)")
     parser.add_argument("--step", type=int, help="the checkpoint step to load from --workdir")
 
 

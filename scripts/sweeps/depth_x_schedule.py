@@ -1,7 +1,7 @@
-"""A sweep spec (python -m andrea_jax.sweep scripts/sweeps/depth_x_schedule.py --jobs 2): Pre-LN
+"""A sweep spec (python -m andrea_jax.repro.sweep scripts/sweeps/depth_x_schedule.py --jobs 2): Pre-LN
 `tiny` at 12, 24 and 48 blocks, ProRes off or linear, updates scaled or not, 3 seeds, each arm
 paired with no ProRes and no scaling at its own depth. 36 runs."""
-from andrea_jax.sweep import Sweep
+from andrea_jax.repro.sweep import Sweep
 
 SWEEP = Sweep(
     name="depth_x_schedule",

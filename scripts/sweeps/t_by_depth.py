@@ -1,7 +1,7 @@
-"""A sweep spec with explicit arms (python -m andrea_jax.sweep scripts/sweeps/t_by_depth.py --jobs 2):
+"""A sweep spec with explicit arms (python -m andrea_jax.repro.sweep scripts/sweeps/t_by_depth.py --jobs 2):
 linear ProRes at T = 10 and 100 beside no ProRes, arms that are not a grid, at 4 and 12 Pre-LN
 blocks of the `tiny` config, 2 seeds. Each depth is a group; 12 runs."""
-from andrea_jax.sweep import Sweep
+from andrea_jax.repro.sweep import Sweep
 
 SWEEP = Sweep(
     name="t_by_depth",

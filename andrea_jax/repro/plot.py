@@ -1,4 +1,4 @@
-"""Plots of training runs from their metrics.jsonl: `python -m andrea_jax.plot WORKDIR... --out DIR`.
+"""Plots of training runs from their metrics.jsonl: `python -m andrea_jax.repro.plot WORKDIR... --out DIR`.
 
 Draws, into DIR:
 - loss.png: training and validation loss of every run, overlaid;

@@ -1,4 +1,4 @@
-"""Sweeps over any grid of settings: `python -m andrea_jax.sweep SPEC.py [--jobs N | --gpus-per-run K]
+"""Sweeps over any grid of settings: `python -m andrea_jax.repro.sweep SPEC.py [--jobs N | --gpus-per-run K]
 [--slurm] [--report]`.
 
 SPEC.py defines `SWEEP = Sweep(...)`: the base config, the axes (each a setting and its values;
@@ -35,11 +35,11 @@ import shlex
 import subprocess
 import sys
 
-from andrea_jax import config as config_lib
+from andrea_jax import config as config_lib, configs
 from andrea_jax.errors import AndreaError, ConfigError
 from andrea_jax.repro import experiments, runner
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ def _validated(name: str, config: str, common, arms: dict, extra=()) -> None:
     """Every arm's config, before any run starts (ConfigError names the run and the key)."""
     for sets in arms.values():
         try:
-            config_lib.validate(config_lib.override(config_lib.load(config), [*common, *sets, *extra]))
+            config_lib.validate(config_lib.override(configs.load(config), [*common, *sets, *extra]))
         except ConfigError as e:
             raise ConfigError(f"sweep {name}, run {' '.join(sets)}: {e}") from None
 
@@ -106,14 +106,15 @@ def groups(sweep: Sweep | experiments.Experiment, spec: str = "SPEC", extra=()) 
         common = (*sweep.common, *(f"{k}={v}" for k, v in group.items()))
         _validated(f"{sweep.name} {_label(group)}", sweep.config, common, arms, extra)
         if not any(s.startswith("train.steps=") for s in common):  # stated: the runner checks a run finished them
-            steps = config_lib.override(config_lib.load(sweep.config), [*common, *next(iter(arms.values()))]).train.steps
+            first_arm = next(iter(arms.values()))
+            steps = config_lib.override(configs.load(sweep.config), [*common, *first_arm]).train.steps
             common += (f"train.steps={steps}",)
         name = f"{sweep.name}/{_label(group)}" if group else sweep.name
         out[name] = experiments.Experiment(
             name=name, title=f"Sweep {sweep.name}: {_label(group)}", config=sweep.config, arms=arms, common=common,
             seeds=tuple(sweep.seeds), baseline=baseline, paper="a sweep: no claim of the paper",
             scale=f"`--config {sweep.config}` with {' '.join(common) or 'no overrides'}",
-            command=f"python -m andrea_jax.sweep {spec} --report")
+            command=f"python -m andrea_jax.repro.sweep {spec} --report")
     return out
 
 
@@ -170,7 +171,7 @@ def device_sets(gpus: list[str], per_run: int) -> list[str]:
 def load_spec(path: str) -> Sweep | experiments.Experiment:
     sweep = runpy.run_path(path).get("SWEEP")
     if not isinstance(sweep, (Sweep, experiments.Experiment)):
-        raise ConfigError(f"{path}: defines no SWEEP = andrea_jax.sweep.Sweep(...) "
+        raise ConfigError(f"{path}: defines no SWEEP = andrea_jax.repro.sweep.Sweep(...) "
                           "(or a reproduction experiment, andrea_jax.repro.experiments.EXPERIMENTS[NAME])")
     return sweep
 
@@ -198,7 +199,8 @@ def main(argv=None) -> int:
         if args.toy:
             exps = {name: experiments.toy(exp) for name, exp in exps.items()}
         reproduction = isinstance(sweep, experiments.Experiment)  # its runs and report are the reproduction's
-        runs_root = (args.runs or ROOT / "runs" / ("prores_repro" if reproduction else f"sweeps/{sweep.name}")).resolve()
+        default_runs = ROOT / "runs" / ("prores_repro" if reproduction else f"sweeps/{sweep.name}")
+        runs_root = (args.runs or default_runs).resolve()
         runs = plan(exps, runs_root, args.set)
         code = runs_root / "code"
         if not args.report or args.slurm:
@@ -234,6 +236,6 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # through the imported module: a spec's Sweep is andrea_jax.sweep.Sweep, not __main__'s
-    from andrea_jax import sweep as _imported
+if __name__ == "__main__":  # run the imported module: a spec imports its Sweep, not __main__'s
+    from andrea_jax.repro import sweep as _imported
     sys.exit(_imported.main())

@@ -2,8 +2,8 @@
 new parameters (SwiGLU's gate and up, the untied head) split as the rules say.
 
 Run by tests/test_llama.py in a subprocess (the rest of the suite sees one device):
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/llama_sharded_main.py
-Reuses tests/sharded_train_main.py's runner and tolerances (the gpt2 family's version of this).
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/programs/llama_sharded.py
+Reuses tests/programs/sharded_train.py's runner and tolerances (the gpt2 family's version of this).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-import sharded_train_main as base  # noqa: E402  (this script's folder is on sys.path)
+import sharded_train as base  # noqa: E402  (this script's folder is on sys.path)
 from andrea_jax.train import steps  # noqa: E402
 
 CFG = dataclasses.replace(base.CFG, model=dataclasses.replace(base.CFG.model, family="llama"))

@@ -1,7 +1,7 @@
 """The train step on 8 CPU devices, under every kind of mesh, equals the same step on one device.
 
 Run by tests/test_sharding.py in a subprocess (the rest of the suite sees one device):
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_train_main.py equal|hlo
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/programs/sharded_train.py equal|hlo
 - equal: meshes (data, fsdp, tensor) = (8,1,1), (1,8,1), (2,2,2), (1,2,4) give the losses and
   parameters of one device; the params and Adam moments are sharded as the rules say; under
   fsdp=8 a device holds 1/8 of the state (plus the replicated vectors); 1, 2 and 4 microbatches
@@ -20,7 +20,7 @@ import re
 import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

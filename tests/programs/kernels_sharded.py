@@ -1,7 +1,7 @@
 """Sharded kernels equal unsharded ones, on 8 CPU devices, with no all-gather of the activations.
 
 Run by tests/test_kernels_sharded.py in a subprocess (the rest of the suite sees one device):
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/kernels_sharded_main.py
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/programs/kernels_sharded.py
 Prints one "OK <case>" line per case and exits non-zero on the first mismatch.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
