@@ -71,15 +71,18 @@ class ModelConfig:
     init_std: float = 0.02      # std of the normal init of every matrix and embedding
     dtype: str = "float32"      # compute dtype: float32 (CPU default) or bfloat16; params stay float32
     remat: str = "none"         # one of REMATS: what the backward pass recomputes of each block instead of storing it
-                                # (none; full: everything, the least memory; dots: all but the projection matmuls' outputs)
-    attention: str = "auto"     # auto (cuDNN flash attention where a GPU, bf16 and the head dim allow; else xla) | xla | cudnn (falls back to xla, saying why)
+                                # (none; full: everything, the least memory; dots: all but the projection matmuls'
+                                # outputs)
+    attention: str = "auto"     # auto (cuDNN flash attention where a GPU, bf16 and the head dim allow; else xla) | xla
+                                # | cudnn (falls back to xla, saying why)
     norm: str = "pre"           # block placement, one of NORMS (formulas: ProRes paper Table 1 / andrea_jax.model)
     init: str = "normal"        # one of INITS: normal, scaled (out proj / sqrt(2L)), ds (/ sqrt(2l)), deepnorm
     gates: str = "none"         # learned: a trainable scalar per block, from 0, times alpha (ReZero; +L params)
     family: str = "gpt2"        # one of FAMILIES: gpt2 (LayerNorm, biases, GELU MLP, learned positions, tied head) |
                                 # llama (the official ProRes code's block: RMSNorm, no biases, SwiGLU of width
                                 # mlp_ratio x d_model, RoPE, untied head; andrea_jax/model/llama.py)
-    qk_norm: bool = False       # RMSNorm (a per-block gain) on each head's queries and keys before attention and RoPE; export refuses
+    qk_norm: bool = False       # RMSNorm (a per-block gain) on each head's queries and keys before attention and RoPE;
+                                # export refuses
 
     def __post_init__(self):
         # A bool remat (True / "true" in a config, a saved checkpoint's config or --set) means
@@ -132,14 +135,19 @@ class OptimConfig:
     b1: float = 0.9
     b2: float = 0.95
     eps: float = 1e-8
-    weight_decay: float = 0.1   # gpt2: on matrices (kernels, embeddings) only; llama: kernels, head, final norm (train/optim.decay_mask)
+    weight_decay: float = 0.1   # gpt2: on matrices (kernels, embeddings) only; llama: kernels, head, final norm
+                                # (train/optim.decay_mask)
     clip_norm: float = 1.0      # global-norm gradient clipping
-    skip_nonfinite: bool = False  # skip an update whose gradient is not finite (counted as skipped_updates) instead of stopping the run; off: a NaN is a bug to see
-    max_consecutive_skips: int = 10  # skip_nonfinite: stop after this many skipped updates in a row (a stuck run; a spike skips a few)
-    z_loss: float = 0.0         # coefficient of mean(log Z)^2 added to the training loss (PaLM: 1e-4); logged as z_loss, not in loss
+    skip_nonfinite: bool = False  # skip an update whose gradient is not finite (counted as skipped_updates) instead of
+                                  # stopping the run; off: a NaN is a bug to see
+    max_consecutive_skips: int = 10  # skip_nonfinite: stop after this many skipped updates in a row (a stuck run; a
+                                     # spike skips a few)
+    z_loss: float = 0.0         # coefficient of mean(log Z)^2 added to the training loss (PaLM: 1e-4); logged as
+                                # z_loss, not in loss
     skip_spikes: float = 0.0    # > 0: an update whose loss exceeds the mean of the last skip_spikes_window losses by
                                 # this many standard deviations is not applied (counted as skipped_spikes); 0 = off
-    skip_spikes_window: int = 100  # the recent (applied) losses the spike test compares with; it acts once it holds this many
+    skip_spikes_window: int = 100  # the recent (applied) losses the spike test compares with; it acts once it holds
+                                   # this many
 
     def check(self) -> None:
         _need(self.lr > 0 and math.isfinite(self.lr), "optim.lr", f"must be positive, got {self.lr}")
@@ -166,15 +174,21 @@ class TrainConfig:
     log_every: int = 10         # steps between metric lines (each costs one host sync)
     eval_every: int = 1000      # steps between validation passes; 0 = only at the end
     eval_batches: int = 8       # validation batches per pass (the set itself is fixed)
-    eval_tasks: str = ""        # comma-separated task files (.jsonl, as `evaluate --task`) scored at every evaluation: task/NAME/METRIC
+    eval_tasks: str = ""        # comma-separated task files (.jsonl, as `evaluate --task`) scored at every evaluation:
+                                # task/NAME/METRIC
     sample_tokens: int = 0      # tokens of text generated at the end of the run (0 = none)
     checkpoint_every: int = 1000  # steps between Orbax checkpoints (and at the end); 0 = none, no resume
     keep_checkpoints: int = 3   # newest checkpoints kept on disk
-    microbatches: int = 1       # gradient accumulation: each batch runs as this many equal slices, one update (memory of one slice)
-    init_from: str = ""         # a transformers GPT-2 or Llama folder a new run starts from (fresh optimizer, step 0); empty = random init
-    profile: str = ""           # START:END: a jax.profiler trace of steps START..END in WORKDIR/profile (TensorBoard, Perfetto)
-    compile_cache: bool = True  # XLA's persistent compilation cache in $ANDREA_CACHE/xla (unless JAX_COMPILATION_CACHE_DIR is set)
-    peak_tflops: float = 0.0    # per chip, for the metric lines' `mfu`; 0 = the device kind's (andrea_jax/train/mfu.py; none on a CPU)
+    microbatches: int = 1       # gradient accumulation: each batch runs as this many equal slices, one update (memory
+                                # of one slice)
+    init_from: str = ""         # a transformers GPT-2 or Llama folder a new run starts from (fresh optimizer, step 0);
+                                # empty = random init
+    profile: str = ""           # START:END: a jax.profiler trace of steps START..END in WORKDIR/profile (TensorBoard,
+                                # Perfetto)
+    compile_cache: bool = True  # XLA's persistent compilation cache in $ANDREA_CACHE/xla (unless
+                                # JAX_COMPILATION_CACHE_DIR is set)
+    peak_tflops: float = 0.0    # per chip, for the metric lines' `mfu`; 0 = the device kind's (andrea_jax/train/mfu.py;
+                                # none on a CPU)
 
     def check(self) -> None:
         _positive("train", self, "steps", "batch_size", "log_every", "eval_batches", "keep_checkpoints",
@@ -191,8 +205,10 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "embedded"    # embedded (shipped tinyshakespeare) | files (data.path) | tfds (data.tfds_name) | prepared (data.path)
-    path: str = ""              # files: a folder (read recursively), a file or a glob of .txt / .jsonl (`text` field) files;
+    source: str = "embedded"    # embedded (shipped tinyshakespeare) | files (data.path) | tfds (data.tfds_name) |
+                                # prepared (data.path)
+    path: str = ""              # files: a folder (read recursively), a file or a glob of .txt / .jsonl (`text` field)
+                                # files;
                                 # prepared: the folder `python -m andrea_jax.data.prepare --out` wrote
     tfds_name: str = ""         # tfds: a registered TFDS text dataset (a `text` feature), e.g. lm1b or c4/en
     tfds_split: str = "train"   # tfds: the split trained on, in TFDS split syntax (e.g. train[:10%])
@@ -201,7 +217,8 @@ class DataConfig:
     data_dir: str = ""          # TFDS data_dir; empty = $ANDREA_CACHE/tfds (embedded, files) or TFDS's default (tfds)
     val_fraction: float = 0.05  # tail of the token stream held out as the fixed validation set (no tfds_val_split)
     tokenizer: str = ""         # path of a tokenizer.json to use; empty = train on the corpus (cached beside it)
-    tokenizer_sample_mb: int = 64  # a trained tokenizer sees a seeded uniform sample of about this much of the documents
+    tokenizer_sample_mb: int = 64  # a trained tokenizer sees a seeded uniform sample of about this much of the
+                                   # documents
 
     def check(self) -> None:
         d = self
@@ -227,10 +244,14 @@ class DiagnosticsConfig:
     spike_window: int = 1000    # loss-spike score: previous steps in the rolling mean/std (OLMo 2: 1000)
     spike_sigmas: float = 6.0   # loss-spike score: a spike is a loss above rolling mean + this many stds
     tensorboard: bool = True    # also write every metric line as TensorBoard events under WORKDIR/tb
-    wandb: str = ""             # a Weights & Biases project: every metric line, the config and the tags go there too (extra `wandb`)
-    wandb_tags: str = ""        # wandb: comma-separated tags, besides family=, norm=, prores= and scale_updates= of the run
-    knockout: bool = False      # at each evaluation, the validation-loss change with each block's alpha set to 0 (`knockout`, [L])
-    knockout_chunk: int = 1     # knockout: masks per vmapped pass (lax.map over chunks; 1 fastest on CPU, measured); 0 = all L
+    wandb: str = ""             # a Weights & Biases project: every metric line, the config and the tags go there too
+                                # (extra `wandb`)
+    wandb_tags: str = ""        # wandb: comma-separated tags, besides family=, norm=, prores= and scale_updates= of the
+                                # run
+    knockout: bool = False      # at each evaluation, the validation-loss change with each block's alpha set to 0
+                                # (`knockout`, [L])
+    knockout_chunk: int = 1     # knockout: masks per vmapped pass (lax.map over chunks; 1 fastest on CPU, measured); 0
+                                # = all L
 
     def check(self) -> None:
         _need(self.every >= 0, "diagnostics.every", f"must be >= 0, got {self.every}")
@@ -241,7 +262,8 @@ class DiagnosticsConfig:
 
 @dataclass(frozen=True)
 class KernelsConfig:
-    impl: str = "auto"          # xla | pallas | triton | auto (xla everywhere until a GPU train-step measurement: kernels/src/__init__.py)
+    impl: str = "auto"          # xla | pallas | triton | auto (xla everywhere until a GPU train-step measurement:
+                                # kernels/src/__init__.py)
 
     def check(self) -> None:
         _need(self.impl in ("auto", "xla", "pallas", "triton"), "kernels.impl",
@@ -254,7 +276,8 @@ class MeshConfig:
     # What each axis splits: andrea_jax.train.sharding. Defaults: plain data parallelism.
     data: int = -1              # data parallel: batch split, state replicated
     fsdp: int = 1               # fully sharded data parallel: batch split, matrices and Adam moments split on d_model
-    tensor: int = 1             # tensor parallel: heads, MLP width, vocabulary split; must divide n_head and the MLP width
+    tensor: int = 1             # tensor parallel: heads, MLP width, vocabulary split; must divide n_head and the MLP
+                                # width
     rules: str = ""             # overrides of sharding.RULES, "NAME=AXIS+AXIS,NAME=" (empty after = = whole); "" = none
 
     def check(self) -> None:
@@ -310,7 +333,8 @@ def override(config: Config, assignments: typing.Sequence[str]) -> Config:
         if not sep or not dot:
             raise ConfigError(f"override {assignment!r} is not of the form section.key=value")
         if section not in {f.name for f in dataclasses.fields(config)}:
-            raise ConfigError(f"unknown config key {key!r}: no section {section!r}{nearest_key(_known_keys(config), key)}")
+            raise ConfigError(f"unknown config key {key!r}: no section {section!r}"
+                              f"{nearest_key(_known_keys(config), key)}")
         sub = getattr(config, section)
         hints = typing.get_type_hints(type(sub))
         if name not in hints:
@@ -340,5 +364,6 @@ def validate(config: Config) -> Config:
         getattr(config, section.name).check()
     # The kernel backends fuse LayerNorm (with a bias) and bias + GELU; llama has neither.
     _need(config.model.family != "llama" or config.kernels.impl in ("auto", "xla"), "kernels.impl",
-          f"{config.kernels.impl} has no RMSNorm or SwiGLU kernels for model.family=llama; use kernels.impl=xla or auto")
+          f"{config.kernels.impl} has no RMSNorm or SwiGLU kernels for model.family=llama; "
+          "use kernels.impl=xla or auto")
     return config

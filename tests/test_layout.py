@@ -1,6 +1,6 @@
 """The house rules of the layout, checked on the source so they cannot drift: no import
-circle among the project's modules, no module over 400 lines, no function over 80 lines, and
-nothing installed at the top level of site-packages but the project's package."""
+circle among the project's modules, no module over 400 lines, no function over 80 lines, no line
+over pyproject's ruff line-length, and nothing installed at the top level of site-packages but the project's package."""
 import ast
 import pathlib
 import tomllib
@@ -114,6 +114,14 @@ def test_packages_import_one_way(tmp_path):
         pass
     else:
         raise AssertionError("a package missing from RANKS passed")
+
+
+def test_no_line_of_the_package_is_longer_than_the_ruff_line_length():
+    limit = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["line-length"]
+    paths = [*modules().values(), ROOT / "train.py"]
+    long_lines = [f"{path.relative_to(ROOT)}:{i}" for path in paths
+                  for i, line in enumerate(path.read_text().splitlines(), 1) if len(line) > limit]
+    assert limit == 120 and len(paths) > 60 and long_lines == [], long_lines
 
 
 def test_no_module_over_400_lines_and_no_function_over_80():

@@ -18,8 +18,9 @@ Before this reproduction the script compared baseline and linear ProRes, Pre-LN 
 a setup far from the paper's regime: peak LR 3e-3 reached in 15 steps (300-step runs, T = 3) or
 1e-3 in 50 steps (1000-step runs, T = 10). Post-LN's block-1 gradient fell to 1e-9..1e-17 of
 block 24's, which those reports put down to the fast LR warmup (Experiment A above finds ProRes
-doing it under a gentle warmup too), and T of 3-10 updates is below Adam's own horizon. Its results (ProRes behind the baseline for Pre-LN, Post-LN stuck on the unigram
-plateau) are kept, unchanged, as the superseded setup:
+doing it under a gentle warmup too), and T of 3-10 updates is below Adam's own horizon. Its
+results (ProRes behind the baseline for Pre-LN, Post-LN stuck on the unigram plateau) are kept,
+unchanged, as the superseded setup:
 [300 steps](prores_repro_superseded/RESULTS_300_steps.md),
 [1000 steps](prores_repro_superseded/RESULTS_1000_steps.md).
 """
@@ -134,7 +135,8 @@ def comparison_rows(summaries: dict) -> list:
                      "about linear with ProRes, exponential without",
                      f"RMS layer L / layer 1 at the end: none {f(gn['mean'], 2)}, linear {f(gl['mean'], 2)}; "
                      f"R² of a linear / exponential fit over depth: none "
-                     f"{f(arms['none']['growth_linear_r2']['mean'], 2)} / {f(arms['none']['growth_exponential_r2']['mean'], 2)}, "
+                     f"{f(arms['none']['growth_linear_r2']['mean'], 2)} / "
+                     f"{f(arms['none']['growth_exponential_r2']['mean'], 2)}, "
                      f"linear {f(arms['linear']['growth_linear_r2']['mean'], 2)} / "
                      f"{f(arms['linear']['growth_exponential_r2']['mean'], 2)}",
                      _holds_lower(arms["linear"].get("paired_final_rms_growth")) +
@@ -156,13 +158,16 @@ def comparison_table(summaries: dict) -> list:
     out += [f"| {' | '.join(r)} |" for r in rows]
     return out + ["", "Table numbers as the issue cites them (2: the headline sizes; 6: the schedule "
                   "ablation at 350M, L = 24; 7: the depth sweep 12-120); the paper's numbers are "
-                  "quoted from the ProRes paper (arXiv 2603.05369). Paired differences are final validation loss, arm minus `none`, same seed; "
+                  "quoted from the ProRes paper (arXiv 2603.05369). Paired differences are final "
+                  "validation loss, arm minus `none`, same seed; "
                   "the interval is a 95% percentile bootstrap over seeds (coarse with 3-4 seeds: 10 or 35 "
                   "distinct resamples). A direction *holds* only when the interval excludes 0.", ""]
 
 
 def experiment_section(name: str, s: dict) -> list:
     plateau = s["plateau"]
+    seeds_flag = (f" --seeds {len(s['seeds'])}" if len(s["seeds"]) != len(s.get("default_seeds", s["seeds"]))
+                  else "")
     out = [f"## {s['title']}", "",
            f"- Scale: {s['scale']}.",
            f"- Against: {s['paper']}.",
@@ -171,7 +176,7 @@ def experiment_section(name: str, s: dict) -> list:
            f"({s['jobs']} runs at a time).",
            (f"- Command: `{s['command']}`." if "command" in s else
             f"- Command: `python scripts/reproduce_prores.py --experiment {name}"
-            f"{' --seeds ' + str(len(s['seeds'])) if len(s['seeds']) != len(s.get('default_seeds', s['seeds'])) else ''}"
+            f"{seeds_flag}"
             f"{' ' + ' '.join('--set ' + x for x in s['extra']) if s['extra'] else ''}`"
             f"{' (toy)' if s['toy'] else ''}.")]
     if plateau:
