@@ -26,16 +26,9 @@ SETTINGS = ["train.eval_batches=1", "train.batch_size=4", "train.sample_tokens=0
             "model.d_model=32", "model.seq_len=16", "diagnostics.tensorboard=false", "prores.schedule=linear",
             "prores.warmup=150", "prores.scale_updates=alpha", "train.steps=300", "train.log_every=5",
             "train.eval_every=100", "train.checkpoint_every=100", "model.vocab_size=300"]
-SLOW_SAVE = ("import sys, time\n"
-             "from andrea_jax import cli\n"
-             "from andrea_jax import checkpoint\n"
-             "def save(*args, **kwargs):\n"
-             "    print('slow save started', flush=True)\n"
-             "    time.sleep(600)\n"
-             "checkpoint.save = save\n"
-             "sys.exit(cli.main(sys.argv[1:]))\n")
-IGNORING_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-                   "os.execv(sys.argv[1], sys.argv[1:])"]
+PROGRAMS = ROOT / "tests" / "programs"
+SLOW_SAVE = PROGRAMS / "slow_save_train.py"  # a checkpoint save that takes 10 minutes
+IGNORING_SIGINT = [sys.executable, str(PROGRAMS / "sigint_ignored.py")]
 
 
 def tokenizer(folder: pathlib.Path) -> pathlib.Path:
@@ -62,7 +55,7 @@ def one_run(folder: pathlib.Path, tok: pathlib.Path, signum: int, prefix) -> tup
     """(exit code or None if still running after 60 s, seconds from the second signal, last line)."""
     workdir, log_path = folder / "run", folder / "run.log"
     workdir.mkdir(parents=True)
-    cmd = [*prefix, sys.executable, "-c", SLOW_SAVE, "--config", "tiny", "--workdir", str(workdir)]
+    cmd = [*prefix, sys.executable, str(SLOW_SAVE), "--config", "tiny", "--workdir", str(workdir)]
     for s in SETTINGS + [f"data.tokenizer={tok}"]:
         cmd += ["--set", s]
     env = {**os.environ, "XLA_FLAGS": "", "ANDREA_CACHE": str(folder / "cache"), "JAX_PLATFORMS": "cpu"}

@@ -1,5 +1,5 @@
 """Helpers several test modules share: a model's parameters moved off their init, and a project
-command run in a subprocess from the repository root."""
+command run in a subprocess from the repository root, or started with SIGINT ignored."""
 import pathlib
 import subprocess
 import sys
@@ -9,6 +9,9 @@ import jax
 from andrea_jax import model as model_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+PROGRAMS = ROOT / "tests" / "programs"
+# A command prefix: what follows runs with SIGINT ignored (tests/programs/sigint_ignored.py).
+IGNORING_SIGINT = [sys.executable, str(PROGRAMS / "sigint_ignored.py")]
 
 
 def perturbed_params(cfg, seed=0, scale=0.1):

@@ -21,6 +21,7 @@ from andrea_jax.errors import TrainingError
 from andrea_jax.serve import load
 from andrea_jax.train import loop as trainer, preemption
 from andrea_jax.workdir import Workdir
+from _helpers import IGNORING_SIGINT, PROGRAMS
 from test_multihost import ROOT, metric_lines
 
 TOY = ["train.eval_batches=1", "train.batch_size=4", "train.sample_tokens=0", "model.n_layer=2",
@@ -236,17 +237,8 @@ def test_parameters_that_are_not_finite_are_never_checkpointed(tmp_path, tok_pat
 
 
 def slow_save_command(workdir, settings):
-    """train.py's command line, with a checkpoint save that takes 10 minutes: a signal that came
-    while it runs can only be answered by stopping at once."""
-    code = ("import sys, time\n"
-            "from andrea_jax import cli\n"
-            "from andrea_jax import checkpoint\n"
-            "def save(*args, **kwargs):\n"
-            "    print('slow save started', flush=True)\n"
-            "    time.sleep(600)\n"
-            "checkpoint.save = save\n"
-            "sys.exit(cli.main(sys.argv[1:]))\n")
-    return [sys.executable, "-c", code] + command(workdir, settings)[2:]
+    """train.py's command line, with a checkpoint save that takes 10 minutes."""
+    return [sys.executable, str(PROGRAMS / "slow_save_train.py")] + command(workdir, settings)[2:]
 
 
 def test_sigint_checkpoints_and_exits_130(tmp_path, tok_path):
@@ -264,12 +256,6 @@ def test_sigint_checkpoints_and_exits_130(tmp_path, tok_path):
                        f"saved; run the same command to continue")
     assert 5 <= step < 100 and Workdir(tmp_path / "run").checkpoint_steps() == [step]  # not a checkpoint step: the signal's
     assert len(np.load(tmp_path / "run" / "step_losses.npy")) == step
-
-
-# Starts the command with SIGINT ignored, as `cmd &` in a script, nohup-like wrappers and some
-# schedulers do: the ignored disposition survives exec, so the run inherits it.
-IGNORING_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-                   "os.execv(sys.argv[1], sys.argv[1:])"]
 
 
 def second_signal_run(tmp_path, tok_path, signum, prefix=()):
@@ -301,20 +287,15 @@ def second_signal_run(tmp_path, tok_path, signum, prefix=()):
     return out, proc.returncode, seconds
 
 
-def test_a_second_sigint_stops_at_once_without_the_checkpoint(tmp_path, tok_path):
-    out, code, seconds = second_signal_run(tmp_path, tok_path, signal.SIGINT)
-    assert code == 130 and seconds < 5, (seconds, out[-3000:])
-    assert "SIGINT: stopping after this step, with a checkpoint (send it again to stop at once)" in out
-    assert out.strip().splitlines()[-1] == "error: interrupted"
-    assert "stopped by SIGINT" not in out
-
-
-def test_a_second_sigterm_stops_at_once_without_the_checkpoint(tmp_path, tok_path):
-    out, code, seconds = second_signal_run(tmp_path, tok_path, signal.SIGTERM)
-    assert code == 143 and seconds < 5, (seconds, out[-3000:])
-    assert "SIGTERM: stopping after this step, with a checkpoint (send it again to stop at once)" in out
-    assert out.strip().splitlines()[-1] == "error: terminated"
-    assert "stopped by SIGTERM" not in out
+@pytest.mark.parametrize("signum, code, last_line", [(signal.SIGINT, 130, "error: interrupted"),
+                                                     (signal.SIGTERM, 143, "error: terminated")])
+def test_a_second_signal_stops_at_once_without_the_checkpoint(tmp_path, tok_path, signum, code, last_line):
+    out, returncode, seconds = second_signal_run(tmp_path, tok_path, signum)
+    name = signal.Signals(signum).name
+    assert returncode == code and seconds < 5, (seconds, out[-3000:])
+    assert f"{name}: stopping after this step, with a checkpoint (send it again to stop at once)" in out
+    assert out.strip().splitlines()[-1] == last_line
+    assert f"stopped by {name}" not in out
 
 
 def test_a_run_started_with_sigint_ignored_still_stops_on_the_second_sigint(tmp_path, tok_path):

@@ -17,12 +17,9 @@ import time
 
 import pytest
 
+from _helpers import IGNORING_SIGINT
 from test_multihost import ROOT
 
-# Starts the command with SIGINT ignored, as `cmd &` in a script, nohup-like wrappers and some
-# schedulers do: the ignored disposition survives exec, so the program inherits it.
-IGNORING_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-                   "os.execv(sys.argv[1], sys.argv[1:])"]
 NAMES = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
 # The main thread blocks in C (a lock held forever) and never runs a Python handler; the signals
@@ -47,8 +44,8 @@ BLOCKED_IN_A_LOCK = """
     sys.exit(main())
 """
 
-# The first signal interrupts the sleep; the cleanup it starts then blocks in C forever.
-STUCK_CLEANUP = """
+# Sleeps until a signal; `cleanup` is the body of its `finally`, indented as the template is.
+SLEEPER = """
     import signal, sys, threading, time
     from andrea_jax import signals
 
@@ -58,30 +55,19 @@ STUCK_CLEANUP = """
             print("working", flush=True)
             time.sleep(600)
         finally:
-            print("cleaning up", flush=True)
-            lock = threading.Lock()
-            lock.acquire()
-            lock.acquire()
+{cleanup}
 
     print("SIGINT ignored:", signal.getsignal(signal.SIGINT) == signal.SIG_IGN, flush=True)
     sys.exit(main())
 """
-
+# The first signal interrupts the sleep; the cleanup it starts then blocks in C forever.
+STUCK_CLEANUP = SLEEPER.format(cleanup="""\
+            print("cleaning up", flush=True)
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()""")
 # The first signal stops it normally: the cleanup runs, then the one-line error.
-SLEEPS = """
-    import sys, time
-    from andrea_jax import signals
-
-    @signals.command
-    def main():
-        try:
-            print("working", flush=True)
-            time.sleep(600)
-        finally:
-            print("cleanup ran", flush=True)
-
-    sys.exit(main())
-"""
+SLEEPS = SLEEPER.format(cleanup='            print("cleanup ran", flush=True)')
 
 # A forked child has the parent's pipe but not its watcher: a Ctrl-C to the process group must
 # count once in the parent, not once per process.
