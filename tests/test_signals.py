@@ -220,7 +220,7 @@ def reading_a_fifo(tmp_path, command, reaped, closing):
     fifo = tmp_path / "input.fifo"
     os.mkfifo(fifo)
     flag = {"generate": "--prompt-file", "evaluate": "--task"}[command]
-    proc = start_command(tmp_path, ["-m", f"andrea_jax.{command}", "--workdir", str(tmp_path / "unread"),
+    proc = start_command(tmp_path, ["-m", f"andrea_jax.serve.{command}", "--workdir", str(tmp_path / "unread"),
                                     flag, str(fifo)])
     reaped.append(proc)
     deadline = time.monotonic() + 120
