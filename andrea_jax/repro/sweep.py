@@ -169,7 +169,13 @@ def device_sets(gpus: list[str], per_run: int) -> list[str]:
 
 
 def load_spec(path: str) -> Sweep | experiments.Experiment:
-    sweep = runpy.run_path(path).get("SWEEP")
+    # A spec may import a module beside it (scripts/sweeps/_questions.py: what several specs share).
+    folder = str(pathlib.Path(path).resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        sweep = runpy.run_path(path).get("SWEEP")
+    finally:
+        sys.path.remove(folder)
     if not isinstance(sweep, (Sweep, experiments.Experiment)):
         raise ConfigError(f"{path}: defines no SWEEP = andrea_jax.repro.sweep.Sweep(...) "
                           "(or a reproduction experiment, andrea_jax.repro.experiments.EXPERIMENTS[NAME])")

@@ -1,0 +1,70 @@
+"""The research sweeps in scripts/sweeps/: every spec loads and every run's config validates, each
+experiment has the recipe and seed count its docstring states, and one runs at a toy size."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from andrea_jax import config as config_lib, configs
+from andrea_jax.repro import sweep as sweep_lib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SPECS = sorted(p for p in (ROOT / "scripts" / "sweeps").glob("*.py") if not p.name.startswith("_"))
+# name -> (the fewest seeds, the arms or groups it must hold)
+QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "i_postln_lr": 4, "j_sandwich": 4, "j_weight_decay": 3,
+             "k_postln_dose": 3, "k_postln_dose_scripts": 3, "g_depth_again": 5}
+
+
+@pytest.fixture(autouse=True)
+def corpus_anywhere(monkeypatch, tmp_path):
+    monkeypatch.setenv("ANDREA_DOC_CORPUS", str(tmp_path / "doc_corpus"))  # not needed to validate
+
+
+def resolved(spec_name: str, arm: str, group: str | None = None) -> config_lib.Config:
+    exps = sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / f"{spec_name}.py")))
+    exp = exps[group or spec_name]
+    return config_lib.override(configs.load(exp.config), [*exp.common, *exp.arms[arm]])
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
+def test_every_spec_loads_and_validates(spec):
+    exps = sweep_lib.groups(sweep_lib.load_spec(str(spec)))
+    assert exps
+    if spec.stem in QUESTIONS:
+        assert all(len(e.seeds) >= QUESTIONS[spec.stem] for e in exps.values()), spec.stem
+
+
+def test_experiment_h_is_the_recipe_the_question_sets():
+    cfg = resolved("h_prores_or_warmup", "linear_alpha_T50")
+    assert (cfg.model.d_model, cfg.model.n_layer, cfg.model.norm) == (64, 24, "pre")
+    assert (cfg.train.steps, cfg.train.batch_size, cfg.model.seq_len, cfg.train.eval_batches) == (1500, 8, 32, 64)
+    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.prores.warmup, cfg.prores.scale_updates) == (3e-3, 60, 50, "alpha")
+    assert cfg.data.source == "prepared" and cfg.model.vocab_size == 8449
+    # the stretched warmup lasts as long as ProRes's ramps do on average: T (L + 1) / 2
+    assert resolved("h_prores_or_warmup", "none_warmup312").optim.warmup_steps == 25 * 25 // 2
+
+
+def test_the_post_ln_protocols_give_the_ramp_to_warmup_ratios_of_the_paper_and_its_scripts():
+    for spec, lo, hi in [("k_postln_dose", 1.2, 2.4), ("k_postln_dose_scripts", 12, 12)]:
+        cfg = resolved(spec, "linear_square")
+        assert cfg.model.norm == "post"
+        assert lo <= cfg.prores.warmup * cfg.model.n_layer / cfg.optim.warmup_steps <= hi, spec
+    assert resolved("k_postln_dose", "none").optim.warmup_steps == 0.1 * 1500  # the paper's 10% LR warmup
+
+
+def test_g_again_keeps_its_schedules_above_adams_horizon_and_ends_the_ramp_by_half_the_run():
+    for depth in (12, 24, 48):
+        cfg = resolved("g_depth_again", "linear", f"g_depth_again/n_layer={depth}")
+        assert cfg.model.n_layer == depth and cfg.prores.warmup >= 20 and cfg.optim.warmup_steps >= 60
+        assert cfg.prores.warmup * depth <= cfg.train.steps / 2
+
+
+def test_experiment_h_runs_at_a_toy_size(tmp_path, tok_path):
+    runs = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-m", "andrea_jax.repro.sweep", "scripts/sweeps/h_prores_or_warmup.py",
+                           "--runs", str(runs), "--jobs", "2", "--toy", "--set", "data.source=embedded", "--set", "data.path=",
+                           "--set", "model.vocab_size=300", "--set", f"data.tokenizer={tok_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert sorted(p.parent.name for p in runs.rglob("result.json")) == ["none_s0", "none_warmup312_s0"]
