@@ -23,7 +23,9 @@ FAMILIES = ("gpt2", "llama")                             # model.family: the blo
 SCHEDULES = ("none", "linear", "linear_sqrt", "linear_square", "equal", "reverse",
              "stagewise_0", "stagewise_L", "stagewise_sqrt_L", "stagewise_sqrt_l",
              "fix_L", "fix_sqrt_L", "fix_sqrt_l")
-UPDATE_SCALES = ("none", "alpha", "sqrt_alpha")         # prores.scale_updates: each block's update times this
+UPDATE_SCALES = ("none", "alpha", "sqrt_alpha", "alpha_sq")  # prores.scale_updates: each block's update times this
+# model.depth_param: the branch multiplier's exponent a in (L / L0)^-a (andrea_jax.model.depth)
+DEPTH_PARAMS = {"sp": 0.0, "depth_mup": 0.5, "completep": 1.0}
 # Logical axis names of the model's arrays (andrea_jax.model.layers), which mesh.rules may map
 LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
 MESH_AXES = ("data", "fsdp", "tensor")                   # the device mesh's axes (andrea_jax.train.sharding)
@@ -83,6 +85,15 @@ class ModelConfig:
                                 # mlp_ratio x d_model, RoPE, untied head; andrea_jax/model/llama.py)
     qk_norm: bool = False       # RMSNorm (a per-block gain) on each head's queries and keys before attention and RoPE;
                                 # export refuses
+    zero_init_out: bool = False  # the attention-out and MLP-down projections start at 0 (whatever model.init), so every
+                                 # block starts as the identity under the pre, sandwich and lns placements
+    depth_param: str = "sp"     # one of DEPTH_PARAMS: sp (none) | depth_mup (a = 1/2, Yang et al. 2310.02244) |
+                                # completep (a = 1, Dey et al. 2505.01618): every residual branch times (L / L0)^-a
+                                # (times the ProRes alpha), every block parameter's AdamW update (decay included)
+                                # times (L / L0)^(a - 1), and optim.eps times (L / L0)^-a for every parameter, as
+                                # the CompleteP code (EleutherAI/nanoGPT-mup, branch completep) does at base width;
+                                # embeddings, final norm and head keep optim.lr (docs/RESEARCH.md)
+    depth_base: int = 12        # L0 of depth_param: the depth whose multipliers are 1 (default: the default n_layer)
 
     def __post_init__(self):
         # A bool remat (True / "true" in a config, a saved checkpoint's config or --set) means
@@ -105,6 +116,8 @@ class ModelConfig:
         _one_of("model.gates", self.gates, GATES, "gates")
         _one_of("model.remat", self.remat, REMATS, "remat policy")
         _one_of("model.family", self.family, FAMILIES, "model family")
+        _one_of("model.depth_param", self.depth_param, DEPTH_PARAMS, "depth parameterisation")
+        _need(self.depth_base >= 1, "model.depth_base", f"must be >= 1 (a depth L0), got {self.depth_base}")
         _need(self.family != "llama" or (self.d_model // self.n_head) % 2 == 0, "model.family",
               f"llama's RoPE rotates pairs of a head's dimensions: the head dim {self.d_model // self.n_head} "
               f"(model.d_model / model.n_head) must be even")
@@ -115,14 +128,19 @@ class ProResConfig:
     schedule: str = "linear"    # one of SCHEDULES (formulas: andrea_jax.model.prores); `none` turns ProRes off
     warmup: int = 1000          # T: warmup of the first layer, in optimizer steps (paper default)
     # A deviation from the paper, off by default: multiply block l's AdamW update (decay included)
-    # by alpha_l (alpha) or sqrt(alpha_l) (sqrt_alpha), so a partly-on block moves as little as it
-    # counts; Adam's m / sqrt(v) otherwise undoes the alpha that scales its gradient.
+    # by alpha_l (alpha), sqrt(alpha_l) (sqrt_alpha) or alpha_l^2 (alpha_sq), so a partly-on block
+    # moves as little as it counts; Adam's m / sqrt(v) otherwise undoes the alpha that scales its gradient.
     scale_updates: str = "none"
+    # false: alpha(l, t) is left out of the forward pass (every branch at 1) and only scale_updates
+    # uses it: a per-block learning-rate ramp without ProRes's forward (a control); needs scale_updates.
+    forward: bool = True
 
     def check(self) -> None:
         _one_of("prores.schedule", self.schedule, SCHEDULES, "schedule")
         _one_of("prores.scale_updates", self.scale_updates, UPDATE_SCALES, "update scaling")
         _need(self.warmup >= 0, "prores.warmup", f"must be >= 0, got {self.warmup}")
+        _need(self.forward or self.scale_updates != "none", "prores.forward",
+              "false leaves alpha unused unless prores.scale_updates is alpha, sqrt_alpha or alpha_sq")
 
 
 @dataclass(frozen=True)

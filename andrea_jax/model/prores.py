@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from andrea_jax.config import SCHEDULES, UPDATE_SCALES, Config  # the names; their formulas are below
+from andrea_jax.model import depth
 
 
 def _ramp(t, span):
@@ -51,20 +52,29 @@ def alphas(step, num_layers: int, *, schedule: str = "linear", warmup: int = 100
     return jnp.clip(floor + (1.0 - floor) * (t - T * (l - 1)) / T, floor, 1.0)
 
 
-def run_alphas(cfg: Config, step) -> jnp.ndarray:
-    """The alphas a run of `cfg` computes with at `step`: the one place training, inference and
-    export turn a config and a step into alphas."""
+def schedule_alphas(cfg: Config, step) -> jnp.ndarray:
+    """The schedule's alpha(l, step) of a run of `cfg`, whether or not its forward pass uses them."""
     return alphas(step, cfg.model.n_layer, schedule=cfg.prores.schedule, warmup=cfg.prores.warmup)
+
+
+def run_alphas(cfg: Config, step) -> jnp.ndarray:
+    """What a run of `cfg` multiplies each block's branches by at `step`: the schedule's alphas (all
+    ones with prores.forward=false) times model.depth_param's branch multiplier. The one place
+    training, inference and export turn a config and a step into alphas."""
+    alphas_L = schedule_alphas(cfg, step) if cfg.prores.forward else jnp.ones((cfg.model.n_layer,), jnp.float32)
+    multiplier = depth.branch_multiplier(cfg.model)
+    return alphas_L if multiplier == 1.0 else alphas_L * jnp.float32(multiplier)
 
 
 def update_scales(cfg: Config, step) -> jnp.ndarray:
     """float32 [L]: what block l's optimizer update is multiplied by at `step`
-    (prores.scale_updates; all ones for `none`, the paper's behaviour). The same step and alphas
-    as the forward pass of that update: `run_alphas(cfg, step)`."""
+    (prores.scale_updates; all ones for `none`, the paper's behaviour). The same step and schedule
+    alphas as the forward pass of that update: `schedule_alphas(cfg, step)`, used by the update
+    whether or not prores.forward lets the forward pass use them."""
     mode = cfg.prores.scale_updates
     if mode not in UPDATE_SCALES:
         raise ValueError(f"unknown prores.scale_updates {mode!r}; known: {', '.join(UPDATE_SCALES)}")
     if mode == "none":
         return jnp.ones((cfg.model.n_layer,), jnp.float32)
-    alphas_L = run_alphas(cfg, step)
-    return alphas_L if mode == "alpha" else jnp.sqrt(alphas_L)
+    alphas_L = schedule_alphas(cfg, step)
+    return {"alpha": alphas_L, "sqrt_alpha": jnp.sqrt(alphas_L), "alpha_sq": jnp.square(alphas_L)}[mode]

@@ -164,7 +164,9 @@ class Block(nn.Module):
         cfg, impl = self.cfg, self.impl
 
         def matrix(name, shape):
-            init = nn.with_logical_partitioning(_normal(_kernel_std(cfg, name, shape, layer)), BLOCK_PARAM_AXES[name])
+            zero = cfg.zero_init_out and name in OUTPUT_PROJECTIONS  # the block starts as the identity
+            init = nn.initializers.zeros if zero else _normal(_kernel_std(cfg, name, shape, layer))
+            init = nn.with_logical_partitioning(init, BLOCK_PARAM_AXES[name])
             return self.param(name, init, shape, jnp.float32)
 
         def vector(name, init, size):

@@ -167,7 +167,8 @@ def make(cfg: OptimConfig, total_steps: int, family: str = "gpt2",
          n_layer: int | None = None) -> optax.GradientTransformation:
     """The run's optimizer. family: model.family (its decay mask). block_scales: None (the paper's
     AdamW), or step -> [L] factors of the blocks' updates (scale_block_updates; `update` then
-    needs step=). n_layer: model.n_layer, needed with optim.skip_spikes (`update` then needs
+    needs step=): prores.scale_updates's factor times model.depth_param's hidden-LR factor, as
+    andrea_jax.train.steps makes them. n_layer: model.n_layer, needed with optim.skip_spikes (`update` then needs
     loss=)."""
     mask = decay_mask if family == "gpt2" else functools.partial(decay_mask, family=family)
     adamw = optax.chain(

@@ -11,6 +11,7 @@ kernels' per-shard wrappers see the layout without the caller setting any contex
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -23,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from andrea_jax.train import diagnostics as diag_lib, optim, sharding
 from andrea_jax import model as model_lib
-from andrea_jax.model import prores
+from andrea_jax.model import depth, prores
 from andrea_jax.config import Config
 
 def cross_entropy(logits_BTV, targets_BT):
@@ -53,12 +54,22 @@ def objective(params, model, tokens_BT1, alphas_L, z_loss: float = 0.0):
     return loss + (0.0 if z is None else z), (loss, {"stats": out.stats, "z_loss": z})
 
 
+def _block_update_scales(cfg: Config, hidden_lr: float, step) -> jax.Array:
+    """[L]: block l's AdamW update multiplier, prores.scale_updates's factor times
+    model.depth_param's hidden-LR factor."""
+    return prores.update_scales(cfg, step) * jnp.float32(hidden_lr)
+
+
 @functools.lru_cache(maxsize=None)
 def _tx_and_model(cfg: Config):
     """One optimizer and one model per config: they sit in the TrainState's tree structure, which
     the jitted step's shardings must match, so create_state and make_train_step share them."""
-    scales = None if cfg.prores.scale_updates == "none" else functools.partial(prores.update_scales, cfg)
-    return (optim.make(cfg.optim, cfg.train.steps, cfg.model.family, scales, n_layer=cfg.model.n_layer),
+    hidden_lr = depth.hidden_lr_scale(cfg.model)
+    scales = None
+    if cfg.prores.scale_updates != "none" or hidden_lr != 1.0:
+        scales = functools.partial(_block_update_scales, cfg, hidden_lr)
+    optim_cfg = dataclasses.replace(cfg.optim, eps=cfg.optim.eps * depth.eps_scale(cfg.model))
+    return (optim.make(optim_cfg, cfg.train.steps, cfg.model.family, scales, n_layer=cfg.model.n_layer),
             model_lib.Andrea(cfg.model, cfg.kernels.impl))
 
 
