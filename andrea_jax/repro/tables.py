@@ -215,8 +215,8 @@ def experiment_section(name: str, s: dict) -> list:
     out += ["", "Mean ± sample std over seeds (n = finished seeds); "
             f"paired = arm − {s['baseline']}, same seed: mean [paired-t 95% interval] (n pairs, exact "
             "sign-flip p, smallest p n allows); the percentile bootstrap of the final difference is its own "
-            "column, [min..max]-like at small n (it excludes 0 whenever the pairs share a sign). Grad ratio: |grad block 1| / |grad block L|, geometric mean "
-            "over the diagnostic steps.", "",
+            "column, [min..max]-like at small n (it excludes 0 whenever the pairs share a sign). "
+            "Grad ratio: |grad block 1| / |grad block L|, geometric mean over the diagnostic steps.", "",
             "| arm | finished / diverged / failed | escaped | final val loss | best val loss | "
             "final − none [paired-t 95%] | final − none, bootstrap [min..max]-like at small n | "
             "best − none [paired-t 95%] | spike score | max resid RMS | RMS L / 1 | "
