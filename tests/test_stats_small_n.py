@@ -12,7 +12,8 @@ from andrea_jax.repro import stats, tables
 @pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 6, 9, 10, 29, 30])
 @pytest.mark.parametrize("prob", [0.975, 0.95, 0.995])
 def test_t_quantile_matches_scipy(df, prob):
-    assert stats.t_quantile(prob, df) == pytest.approx(scipy_stats.t.ppf(prob, df), rel=1e-10)
+    # Two programs: measured 1.9e-14 relative at worst over these cases (also under AVX2).
+    assert stats.t_quantile(prob, df) == pytest.approx(scipy_stats.t.ppf(prob, df), rel=1e-12)
 
 
 def test_paired_t_interval_is_mean_plus_minus_t_times_standard_error():
