@@ -2,6 +2,7 @@
 model, trained in 2 processes; then the report, summary.json and figures, and a rerun that finds
 both runs done and trains nothing."""
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -73,7 +74,10 @@ def test_toy_ablation_writes_report_and_figures_and_resumes(tmp_path, tok_path):
         assert f"{arm}_s0 finished, final {final[arm]:.3f}, best {min(vals[arm]):.3f}" in report
     ci = summary["arms"]["linear"]["paired_final_val_loss"]
     assert ci["n"] == 1 and ci["mean"] == ci["lo"] == ci["hi"] == pytest.approx(paired, rel=1e-12, abs=0)
-    assert table_row(report, "linear")[5] == f"{paired:+.3f} [{paired:+.3f}, {paired:+.3f}] (n=1)"
+    # One pair: no t interval; both sign flips reach |d|, so p = 1, which is also the smallest p n = 1 allows.
+    assert ci["p"] == ci["p_min"] == 1.0 and math.isnan(ci["t_lo"])
+    assert table_row(report, "linear")[5] == f"{paired:+.3f} [no interval] (n=1, p=1, min p 1)"
+    assert table_row(report, "linear")[6] == f"[{paired:+.3f}, {paired:+.3f}]"   # the bootstrap column
     # the paper comparison quotes the paired difference to 3 significant digits
     assert f"one seed ({paired:+.3g}): no interval" in report
 

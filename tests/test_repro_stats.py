@@ -20,8 +20,8 @@ def test_bootstrap_of_a_constant_shift_contains_it_and_excludes_zero():
     base = {s: 5.0 + rng.normal(0, 0.5) for s in range(8)}          # seeds differ by far more than the shift
     arm = {s: v - 0.1 + rng.normal(0, 0.01) for s, v in base.items()}
     diffs = stats.paired_differences(arm, base)
-    ci = stats.bootstrap_ci(diffs.values())
-    assert ci["lo"] < -0.1 < ci["hi"] < 0
+    ci = stats.compare(diffs.values())
+    assert ci["lo"] < -0.1 < ci["hi"] < 0 and ci["t_lo"] < -0.1 < ci["t_hi"] < 0
     assert stats.direction(ci) == "lower"
     # Unpaired, the seed spread (0.5) would swamp the shift: the pairing is what resolves it.
     assert np.std(list(base.values())) > 0.3
@@ -30,8 +30,9 @@ def test_bootstrap_of_a_constant_shift_contains_it_and_excludes_zero():
 def test_paired_differences_skip_seeds_missing_in_either_arm():
     diffs = stats.paired_differences({0: 1.0, 1: math.nan, 2: 3.0}, {0: 0.5, 1: 1.0, 3: 2.0})
     assert diffs == {0: 0.5}
-    assert stats.bootstrap_ci([])["n"] == 0 and stats.direction(stats.bootstrap_ci([])) == "no pairs"
-    assert stats.direction(stats.bootstrap_ci([-0.1, 0.1])) == "unresolved"
+    assert stats.compare([])["n"] == 0 and stats.direction(stats.compare([])) == "no pairs"
+    assert stats.direction(stats.compare([-0.1, 0.1])) == "unresolved"
+    assert stats.direction(stats.compare([-0.1])) == "unresolved"  # one pair: no interval
 
 
 def test_escape_counts_runs_below_the_plateau_minus_the_margin():
@@ -66,7 +67,7 @@ def test_comparison_table_reads_the_paper_ordering():
     arms = {"none": _arm([5.0, 5.1, 5.2]), "linear": _arm([4.8, 4.9, 5.0]),
             "equal": _arm([math.nan] * 3, {"finished": 0, "diverged": 3}, 0),
             "reverse": _arm([5.9, 5.9, 5.9], escaped=0)}
-    arms["linear"]["paired_final_val_loss"] = stats.bootstrap_ci([-0.2, -0.2, -0.2])
+    arms["linear"]["paired_final_val_loss"] = stats.compare([-0.2, -0.21, -0.19])
     rows = tables.comparison_rows({"ablation": {"arms": arms}})
     verdicts = {r[1]: r[4] for r in rows}
     assert verdicts["linear beats the baseline"].startswith("**yes**")

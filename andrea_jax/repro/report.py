@@ -1,7 +1,8 @@
 """Gathers every experiment's runs into summary.json, figures and docs/RESULTS.md.
 
 Numbers per arm: outcomes, escape rate, final and best validation loss, paired differences to
-the baseline arm with bootstrap intervals, spike score, residual RMS and the gradient ratio. The
+the baseline arm (paired-t interval, exact sign-flip p, bootstrap interval), spike score, residual
+RMS and the gradient ratio. The
 hand-written reading (OUT/prores_repro/READING.md) and the paper comparison notes are kept beside
 the numbers, so rerunning the script never loses them.
 """
@@ -87,7 +88,7 @@ def summarize_experiment(exp, runs_dir: pathlib.Path) -> dict | None:
         if arm != exp.baseline and exp.baseline in arms:
             for key in ("final_val_loss", "best_val_loss", "spike_score", "max_resid_rms", "final_rms_growth"):
                 diffs = stats.paired_differences(by_seed(arm, key), by_seed(exp.baseline, key))
-                row[f"paired_{key}"] = {**stats.bootstrap_ci(diffs.values()),
+                row[f"paired_{key}"] = {**stats.compare(diffs.values()),
                                         "by_seed": {str(s): d for s, d in diffs.items()}}
         row["grad_ratio_by_step"] = grad_ratio_by_step([runs_dir / f"{arm}_s{s}" for s in meta["seeds"]])
         arm_stats[arm] = row

@@ -13,8 +13,8 @@ own process, started from a frozen copy of the code (RUNS/code), in RUNS/GROUP/A
   continues where it was.
 - `--slurm` writes RUNS/sweep.sbatch instead, a job array of one task per run (requeued on
   preemption; the trainer checkpoints on the SIGTERM Slurm sends before it), for `sbatch`.
-- `--report` writes OUT/RESULTS.md (default RUNS/report) with the reproduction's paired-bootstrap
-  tables and figures, one section per group.
+- `--report` writes OUT/RESULTS.md (default RUNS/report) with the reproduction's paired tables
+  (paired-t interval, exact sign-flip p, n) and figures, one section per group.
 - `--set KEY=VALUE` adds an override to every run; `--toy` shrinks every group to 2 arms, 1 seed and
   a few steps of a 2-layer model, to try a spec out.
 

@@ -6,8 +6,8 @@ import math
 
 from andrea_jax.repro import experiments, stats
 
-# The ProRes paper (arXiv 2603.05369). The issue cites the paper's Tables 2 (headline sizes), 6 (schedule ablation,
-# 350M, L = 24) and 7 (depth 12-120); the numbers are the paper's, the table numbers are as the issue gives them.
+# The ProRes paper (arXiv 2603.05369): Table 2 (headline sizes), Table 6 (schedule ablation, 350M, L = 24) and
+# Figures 1-3 (depth 12-120).
 PAPER_POST_24 = {"none": 16.83, "linear": 15.15}      # equal and reverse diverge
 PAPER_PRE_24 = {"none": 15.21, "linear": 14.41, "equal": 15.06, "reverse": 15.65}
 PAPER_130M = {"pre": (14.67, 14.30), "post": (14.84, 14.72)}
@@ -38,10 +38,28 @@ def fmt_stat(s: dict, digits=3) -> str:
     return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f} (n={s['n']})"
 
 
+def paired(ci: dict | None) -> dict | None:
+    """A stored paired difference with its paired-t interval and sign-flip p, recomputed from the
+    per-seed differences (summaries written before those statistics hold only the bootstrap)."""
+    if not ci or "by_seed" not in ci:
+        return ci
+    d = list(ci["by_seed"].values())
+    return {**ci, **stats.paired_t(d), **stats.sign_flip_p(d)}
+
+
 def fmt_ci(ci: dict | None) -> str:
+    """mean [paired-t 95%] (n, exact sign-flip p, the smallest p n allows)."""
+    ci = paired(ci)
     if not ci or not ci["n"]:
         return "n/a"
-    return f"{ci['mean']:+.3f} [{ci['lo']:+.3f}, {ci['hi']:+.3f}] (n={ci['n']})"
+    interval = f"[{ci['t_lo']:+.3f}, {ci['t_hi']:+.3f}]" if ci["n"] > 1 else "[no interval]"
+    return f"{ci['mean']:+.3f} {interval} (n={ci['n']}, p={ci['p']:.3g}, min p {ci['p_min']:.3g})"
+
+
+def fmt_boot(ci: dict | None) -> str:
+    if not ci or not ci["n"]:
+        return "n/a"
+    return f"[{ci['lo']:+.3f}, {ci['hi']:+.3f}]"
 
 
 def nats(ppl_from: float, ppl_to: float) -> str:
@@ -49,18 +67,19 @@ def nats(ppl_from: float, ppl_to: float) -> str:
 
 
 def _holds_lower(ci: dict | None) -> str:
+    ci = paired(ci)
     if not ci or not ci["n"]:
         return "not measured"
     if ci["n"] < 2:
         return f"one seed ({ci['mean']:+.3g}): no interval"
     side = stats.direction(ci)
     if side == "lower":
-        return "**yes** (interval below 0)"
+        return "**yes** (t interval below 0)"
     if side == "higher":
-        return "**no** (interval above 0)"
+        return "**no** (t interval above 0)"
     if ci["mean"] < 0:
-        return "same sign, not resolved (interval spans 0)"
-    return "no (mean ≥ 0, interval spans 0)"
+        return "same sign, not resolved (t interval spans 0)"
+    return "no (mean ≥ 0, t interval spans 0)"
 
 
 def _fails(arm: dict) -> tuple[int, int]:
@@ -124,14 +143,14 @@ def comparison_rows(summaries: dict) -> list:
                      f"ppl {PAPER_130M['pre'][0]} → {PAPER_130M['pre'][1]} ({nats(*PAPER_130M['pre'])})",
                      f"linear − none at LR 3e-3: {fmt_ci(ci)} nats", _holds_lower(ci)))
         sn, sl = arms["none"]["spike_score"], arms["linear"]["spike_score"]
-        rows.append(("7 (depth 12-120)", "fewer loss spikes with ProRes", "spikes near zero with ProRes",
+        rows.append(("Figs. 1-3 (depth 12-120)", "fewer loss spikes with ProRes", "spikes near zero with ProRes",
                      f"spike score none {f(sn['mean'], 4)}, linear {f(sl['mean'], 4)}; max residual RMS "
                      f"linear − none {fmt_ci(arms['linear'].get('paired_max_resid_rms'))}",
                      "not measured" if not (sl["n"] and sn["n"]) else
                      "no difference (no spike in either)" if sl["mean"] == sn["mean"] == 0 else
                      _holds_lower(arms["linear"].get("paired_spike_score"))))
         gn, gl = arms["none"]["final_rms_growth"], arms["linear"]["final_rms_growth"]
-        rows.append(("7 (depth 12-120)", "smaller activation growth with depth",
+        rows.append(("Figs. 1-3 (depth 12-120)", "smaller activation growth with depth",
                      "about linear with ProRes, exponential without",
                      f"RMS layer L / layer 1 at the end: none {f(gn['mean'], 2)}, linear {f(gl['mean'], 2)}; "
                      f"R² of a linear / exponential fit over depth: none "
@@ -156,12 +175,12 @@ def comparison_table(summaries: dict) -> list:
                 "runs here; each experiment below states the claim it is read against (*Against*).", ""]
     out = ["| paper table | finding | paper | ours | direction holds? |", "|---|---|---|---|---|"]
     out += [f"| {' | '.join(r)} |" for r in rows]
-    return out + ["", "Table numbers as the issue cites them (2: the headline sizes; 6: the schedule "
-                  "ablation at 350M, L = 24; 7: the depth sweep 12-120); the paper's numbers are "
-                  "quoted from the ProRes paper (arXiv 2603.05369). Paired differences are final "
-                  "validation loss, arm minus `none`, same seed; "
-                  "the interval is a 95% percentile bootstrap over seeds (coarse with 3-4 seeds: 10 or 35 "
-                  "distinct resamples). A direction *holds* only when the interval excludes 0.", ""]
+    return out + ["", "The paper's Table 2 (the headline sizes), Table 6 (the schedule ablation at 350M, L = 24) "
+                  "and Figures 1-3 (the depth sweep 12-120); the paper's numbers are quoted from the ProRes "
+                  "paper (arXiv 2603.05369). Paired differences are final validation loss, arm minus `none`, "
+                  "same seed: mean [paired-t 95% interval] (n pairs, exact two-sided sign-flip p over the 2^n "
+                  "sign flips, and the smallest p that n allows, 2 / 2^n: 0.25 at n = 3). A direction *holds* "
+                  "only when the t interval excludes 0.", ""]
 
 
 def experiment_section(name: str, s: dict) -> list:
@@ -194,13 +213,15 @@ def experiment_section(name: str, s: dict) -> list:
         pts = [f"{st}: {r:.2g}" for st, r in zip(p["steps"], p["grad_ratio"]) if math.isfinite(r)]
         out.append(f"- Precheck, {arm}: |grad block 1| / |grad block L| by step: {', '.join(pts)}.")
     out += ["", "Mean ± sample std over seeds (n = finished seeds); "
-            f"paired = arm − {s['baseline']}, same seed, "
-            "with the 95% bootstrap interval. Grad ratio: |grad block 1| / |grad block L|, geometric mean "
-            "over the diagnostic steps.", "",
+            f"paired = arm − {s['baseline']}, same seed: mean [paired-t 95% interval] (n pairs, exact "
+            "sign-flip p, smallest p n allows); the percentile bootstrap of the final difference is its own "
+            "column, [min..max]-like at small n (it excludes 0 whenever the pairs share a sign). "
+            "Grad ratio: |grad block 1| / |grad block L|, geometric mean over the diagnostic steps.", "",
             "| arm | finished / diverged / failed | escaped | final val loss | best val loss | "
-            "final − none [95% CI] | best − none [95% CI] | spike score | max resid RMS | RMS L / 1 | "
+            "final − none [paired-t 95%] | final − none, bootstrap [min..max]-like at small n | "
+            "best − none [paired-t 95%] | spike score | max resid RMS | RMS L / 1 | "
             "grad ratio |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, a in s["arms"].items():
         o, e = a["outcomes"], a.get("escape")
         escaped = f"{e['escaped']}/{e['runs']}" if e else "n/a"
@@ -208,7 +229,8 @@ def experiment_section(name: str, s: dict) -> list:
         ratio = format(g["mean"], ".3g") if g["n"] else "n/a"
         out.append(f"| {arm} | {o['finished']} / {o['diverged']} / {o['failed']} | {escaped} | "
                    f"{fmt_stat(a['final_val_loss'])} | {fmt_stat(a['best_val_loss'])} | "
-                   f"{fmt_ci(a.get('paired_final_val_loss'))} | {fmt_ci(a.get('paired_best_val_loss'))} | "
+                   f"{fmt_ci(a.get('paired_final_val_loss'))} | {fmt_boot(a.get('paired_final_val_loss'))} | "
+                   f"{fmt_ci(a.get('paired_best_val_loss'))} | "
                    f"{fmt_stat(a['spike_score'], 4)} | {fmt_stat(a['max_resid_rms'], 2)} | "
                    f"{fmt_stat(a['final_rms_growth'], 2)} | {ratio} |")
     out.append("")
