@@ -83,6 +83,8 @@ class ModelConfig:
                                 # mlp_ratio x d_model, RoPE, untied head; andrea_jax/model/llama.py)
     qk_norm: bool = False       # RMSNorm (a per-block gain) on each head's queries and keys before attention and RoPE;
                                 # export refuses
+    reset_positions: bool = False  # with data.document_mask: learned positions (gpt2) and RoPE (llama) restart at 0 at
+                                   # each document of a packed row; generation and evaluation are unchanged
 
     def __post_init__(self):
         # A bool remat (True / "true" in a config, a saved checkpoint's config or --set) means
@@ -219,6 +221,8 @@ class DataConfig:
     tokenizer: str = ""         # path of a tokenizer.json to use; empty = train on the corpus (cached beside it)
     tokenizer_sample_mb: int = 64  # a trained tokenizer sees a seeded uniform sample of about this much of the
                                    # documents
+    document_mask: bool = False  # attention of a packed row stays within each document (one starts after each
+                                 # <|endoftext|>), in training and its validation; generation is unchanged
 
     def check(self) -> None:
         d = self
@@ -366,4 +370,6 @@ def validate(config: Config) -> Config:
     _need(config.model.family != "llama" or config.kernels.impl in ("auto", "xla"), "kernels.impl",
           f"{config.kernels.impl} has no RMSNorm or SwiGLU kernels for model.family=llama; "
           "use kernels.impl=xla or auto")
+    _need(config.data.document_mask or not config.model.reset_positions, "model.reset_positions",
+          "restarts positions at each document, which needs data.document_mask=true")
     return config
