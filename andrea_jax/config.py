@@ -372,4 +372,9 @@ def validate(config: Config) -> Config:
           "use kernels.impl=xla or auto")
     _need(config.data.document_mask or not config.model.reset_positions, "model.reset_positions",
           "restarts positions at each document, which needs data.document_mask=true")
+    # cuDNN takes the document mask as an additive bias, which its training kernels support only
+    # at an even sequence length; refused here rather than at trace time
+    _need(not config.data.document_mask or config.model.attention == "xla" or config.model.seq_len % 2 == 0,
+          "data.document_mask", f"cuDNN attention takes the mask only at an even model.seq_len, got "
+          f"{config.model.seq_len}: use an even one or model.attention=xla")
     return config

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from andrea_jax import config as config_lib, configs, model as model_lib
+from andrea_jax import config as config_lib, configs, model as model_lib, workdir
 from andrea_jax.config import ConfigError, ModelConfig
 from andrea_jax.data import loader
 from andrea_jax.model import prores
@@ -102,3 +102,17 @@ def test_train_step_loss_with_the_mask_is_the_documents_loss_alone():
 def test_reset_positions_without_the_document_mask_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^model.reset_positions: .*data.document_mask=true$"):
         tiny("model.reset_positions=true")
+
+
+def test_an_odd_seq_len_is_refused_where_cudnn_could_take_the_mask():
+    with pytest.raises(ConfigError, match=r"^data.document_mask: cuDNN attention .* got 15: use an even one"):
+        tiny("data.document_mask=true", "model.seq_len=15")
+    tiny("data.document_mask=true", "model.seq_len=15", "model.attention=xla")  # XLA's mask has no such limit
+
+
+def test_a_resume_may_not_switch_document_masking_and_an_older_run_counts_as_off():
+    saved, now = tiny().to_dict(), tiny("data.document_mask=true", "model.reset_positions=true").to_dict()
+    identity, _ = workdir.changed_settings(saved, now)
+    assert identity == ["model.reset_positions (saved False, now True)", "data.document_mask (saved False, now True)"]
+    older = {s: {k: v for k, v in f.items() if k not in ("document_mask", "reset_positions")} for s, f in saved.items()}
+    assert workdir.changed_settings(older, saved) == ([], [])
