@@ -94,6 +94,8 @@ class ModelConfig:
                                 # the CompleteP code (EleutherAI/nanoGPT-mup, branch completep) does at base width;
                                 # embeddings, final norm and head keep optim.lr (docs/RESEARCH.md)
     depth_base: int = 12        # L0 of depth_param: the depth whose multipliers are 1 (default: the default n_layer)
+    reset_positions: bool = False  # with data.document_mask: learned positions (gpt2) and RoPE (llama) restart at 0 at
+                                   # each document of a packed row; generation and evaluation are unchanged
 
     def __post_init__(self):
         # A bool remat (True / "true" in a config, a saved checkpoint's config or --set) means
@@ -237,6 +239,8 @@ class DataConfig:
     tokenizer: str = ""         # path of a tokenizer.json to use; empty = train on the corpus (cached beside it)
     tokenizer_sample_mb: int = 64  # a trained tokenizer sees a seeded uniform sample of about this much of the
                                    # documents
+    document_mask: bool = False  # attention of a packed row stays within each document (one starts after each
+                                 # <|endoftext|>), in training and its validation; generation is unchanged
 
     def check(self) -> None:
         d = self
@@ -384,4 +388,11 @@ def validate(config: Config) -> Config:
     _need(config.model.family != "llama" or config.kernels.impl in ("auto", "xla"), "kernels.impl",
           f"{config.kernels.impl} has no RMSNorm or SwiGLU kernels for model.family=llama; "
           "use kernels.impl=xla or auto")
+    _need(config.data.document_mask or not config.model.reset_positions, "model.reset_positions",
+          "restarts positions at each document, which needs data.document_mask=true")
+    # cuDNN takes the document mask as an additive bias, which its training kernels support only
+    # at an even sequence length; refused here rather than at trace time
+    _need(not config.data.document_mask or config.model.attention == "xla" or config.model.seq_len % 2 == 0,
+          "data.document_mask", f"cuDNN attention takes the mask only at an even model.seq_len, got "
+          f"{config.model.seq_len}: use an even one or model.attention=xla")
     return config

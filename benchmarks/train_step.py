@@ -5,6 +5,8 @@
         --cross model.remat=none,dots,full --cross model.attention=cudnn,xla --cross kernels.impl=xla,pallas \\
         --jsonl results.jsonl --phase train_step --budget-s 240
     python benchmarks/train_step.py --config tiny --steps 5                              # CPU smoke test
+    python benchmarks/train_step.py --config tiny --batch 16 --steps 20 \
+        --cross data.document_mask=false,true,false,true                                 # docs/BENCHMARKS.md
 
 Each `--cross KEY=V1,V2` multiplies the variants (the first --cross varies slowest, so put the
 most important first: a budget stops the later ones). Each variant is compiled, run for 2

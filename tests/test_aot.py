@@ -89,3 +89,21 @@ def test_jax_triton_kernels_compile_for_the_target_without_a_gpu():
     kernels = proc.stdout.splitlines()[2]
     # LayerNorm, residual LayerNorm and bias+GELU forward, and their backwards, by jax-triton
     assert re.search(r"jax_triton [1-9]\d*", kernels) and "pallas_triton 0" in kernels, kernels
+
+
+def test_document_mask_reaches_cudnn_attention_as_a_per_row_bias(tmp_path):
+    """data.document_mask on the cuDNN path: the forward attention call takes a fourth operand,
+    the [B, 1, T, T] mask folded into a bias (one per row: rows hold different documents); the
+    unmasked call has none."""
+    common = ("--target", "h200", "--config", "tiny", "--set", "model.attention=cudnn",
+              "--set", "model.dtype=bfloat16", "--no-eval")
+    calls = {}
+    for mask in ("true", "false"):
+        proc = run_aot(*common, "--set", f"data.document_mask={mask}", "--dump-hlo", str(tmp_path / mask))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        calls[mask] = hlo_stats.cudnn_attention_operands((tmp_path / mask / "train.hlo").read_text())
+        printed = [line for line in proc.stdout.splitlines() if line.startswith("train step cuDNN attention: ")]
+        assert printed == [f"train step cuDNN attention: {t}({', '.join(s)})" for t, s in calls[mask].items()]
+    q = "bf16[16,128,4,32]"  # tiny: batch 16, seq_len 128, 4 heads of 32
+    assert calls["true"] == {"__cudnn$fmhaScaleBiasSoftmax": [q, q, q, "bf16[16,1,128,128]"]}, calls
+    assert calls["false"] == {"__cudnn$fmhaSoftmax": [q, q, q]}, calls

@@ -58,6 +58,8 @@ def describe(cfg, target: str, n_devices: int, reports: list[StepReport]) -> lis
         kernels = ", ".join(f"{k} {v}" for k, v in r.kernels.items())
         matmuls = ", ".join(f"{k}: {v}" for k, v in sorted(r.matmuls.items()))
         lines.append(f"{r.step} step kernels: {kernels}; convert-only kernels {r.convert_fusions}; matmuls {matmuls}")
+        for target, shapes in r.attention_calls.items():  # a fourth operand: the mask, as a bias
+            lines.append(f"{r.step} step cuDNN attention: {target}({', '.join(shapes)})")
         if r.step == "train":
             xla = "n/a" if r.flops is None else f"{r.flops:.4g}"
             lines.append(f"train step FLOPs: XLA cost analysis {xla}; mfu.py (model, per step) {model_flops:.4g}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from andrea_jax.aot.hlo_stats import convert_fusions, kernel_counts, matmul_dtypes
+from andrea_jax.aot.hlo_stats import convert_fusions, cudnn_attention_operands, kernel_counts, matmul_dtypes
 
 
 @dataclasses.dataclass
@@ -20,6 +20,7 @@ class StepReport:
     kernels: dict
     convert_fusions: int
     matmuls: dict
+    attention_calls: dict = dataclasses.field(default_factory=dict)  # hlo_stats.cudnn_attention_operands
     hlo: str = dataclasses.field(repr=False, default="")
 
     @property
@@ -39,7 +40,7 @@ def _report(step: str, lowered, flops: float | None = None) -> StepReport:
     hlo = compiled.as_text()
     return StepReport(step, compile_s, mem.argument_size_in_bytes, mem.output_size_in_bytes,
                       mem.alias_size_in_bytes, mem.temp_size_in_bytes, flops, kernel_counts(hlo),
-                      convert_fusions(hlo), matmul_dtypes(hlo), hlo)
+                      convert_fusions(hlo), matmul_dtypes(hlo), cudnn_attention_operands(hlo), hlo)
 
 
 # jax releases whose private APIs this module reads (xla_flops: the lowering's HLO module and the

@@ -1,5 +1,6 @@
 """What a compiled program holds, read from XLA's optimized HLO text (andrea_jax.aot prints these):
-the kernels by kind, the kernels that only convert a dtype, and the matmuls by operand dtypes."""
+the kernels by kind, the kernels that only convert a dtype, the matmuls by operand dtypes and the
+operands of the cuDNN attention calls."""
 from __future__ import annotations
 
 import re
@@ -17,6 +18,18 @@ def kernel_counts(hlo_text: str) -> dict[str, int]:
     targets = re.findall(r'custom_call_target="([^"]+)"', hlo_text)
     return {kind: sum(any(t.startswith(p) for p in prefixes) for t in targets)
             for kind, prefixes in KERNEL_CALLS.items()}
+
+
+def cudnn_attention_operands(hlo_text: str) -> dict[str, list[str]]:
+    """The forward cuDNN attention calls by target, each with its operands' shapes: q, k, v, and a
+    fourth, [B, 1, T, T], where a mask (data.document_mask's) is folded into an additive bias
+    (the target then names a Bias)."""
+    calls = {}
+    for target, operands in re.findall(r'custom_call_target="(__cudnn\$fmha[A-Za-z]*)", '
+                                       r'operand_layout_constraints=\{((?:[^{}]|\{[^{}]*\})*)\}', hlo_text):
+        if not target.endswith("Backward"):
+            calls.setdefault(target, re.findall(r"[a-z0-9]+\[[0-9,]*\]", operands))
+    return calls
 
 
 def _computations(hlo_text: str) -> dict[str, list[str]]:

@@ -20,9 +20,10 @@ from andrea_jax.model import layers
 from andrea_jax.model.layers import STREAM_BTD, constrain, logits_matmul, padded_vocab
 
 
-def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cache, rope):
+def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cache, rope, segment_ids_BT=None):
     """Creates one GPT-2 block's parameters through the Block's `matrix` / `vector` factories and
-    returns its (attend, mlp, norm, residual_norm); rope is None for this family. Created in the
+    returns its (attend, mlp, norm, residual_norm); rope is None for this family; segment_ids_BT:
+    data.document_mask's document ids, or None (layers.attention). Created in the
     spine's order (flax draws init keys in creation order): same seed, same init."""
     D, F = cfg.d_model, cfg.mlp_ratio * cfg.d_model
     zeros, ones = nn.initializers.zeros, nn.initializers.ones
@@ -40,7 +41,8 @@ def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cac
     qk_gains = layers.qk_norm_gains(vector, cfg)
 
     def attend(y_BTD):
-        return layers.attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg, cache, qk_gains=qk_gains)
+        return layers.attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg, cache, qk_gains=qk_gains,
+                                segment_ids_BT=segment_ids_BT)
 
     def mlp(y_BTD):
         return layers.mlp(y_BTD, fc_kernel, fc_bias, proj_kernel, proj_bias, cfg, impl)
@@ -54,10 +56,11 @@ def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cac
     return attend, mlp, norm, residual_norm
 
 
-def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str):
+def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str, positions_BT=None):
     """The ends of the GPT-2 model: (x_BTD, None, head), x the token embedding plus the learned
     position embedding, head(x_BTD) the final LayerNorm and the logits of the tied embedding over
-    the padded vocabulary, float32."""
+    the padded vocabulary, float32. Positions: positions_BT when given (model.reset_positions),
+    else the cache's, else 0..T-1."""
     named = nn.with_logical_partitioning
     normal = nn.initializers.normal(cfg.init_std)
     tok_embedding_VD = param("tok_embedding", named(normal, ("vocab", "embed")),
@@ -67,7 +70,9 @@ def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str):
     lnf_scale = param("lnf_scale", named(nn.initializers.ones, ("act_embed",)), (cfg.d_model,), jnp.float32)
     lnf_bias = param("lnf_bias", named(nn.initializers.zeros, ("act_embed",)), (cfg.d_model,), jnp.float32)
     T = tokens_BT.shape[1]
-    positions = pos_embedding_SD[:T] if cache is None else pos_embedding_SD[cache.positions_BT]
+    if positions_BT is None and cache is not None:
+        positions_BT = cache.positions_BT
+    positions = pos_embedding_SD[:T] if positions_BT is None else pos_embedding_SD[positions_BT]
     # The lookup reads whole rows: with the table's D split (FSDP) XLA would instead gather
     # every token id and move the looked-up activations; gathering the weight is cheaper.
     table_VD = constrain(tok_embedding_VD, ("vocab", None))

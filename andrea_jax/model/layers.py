@@ -161,15 +161,25 @@ def cached_attention(q_BTHK, k_BTHK, v_BTHK, k_cache_BSHK, v_cache_BSHK, index, 
     return o_BTHK, (k_cache_BSHK, v_cache_BSHK)
 
 
+def document_mask(segment_ids_BT):
+    """[B, 1, T, T] bool: query t sees key s when s <= t and both lie in the same document."""
+    T = segment_ids_BT.shape[1]
+    causal_TT = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
+    same_BTT = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+    return (causal_TT & same_BTT)[:, None]
+
+
 def attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg: ModelConfig, cache=None, rotate=None,
-              qk_gains=None):
+              qk_gains=None, segment_ids_BT=None):
     """Causal multi-head self-attention of the fused [q|k|v] projection, computed in cfg.dtype.
     cache: None, or (k_cache_BSHK, v_cache_BSHK, index, valid_BS); then returns (out, (k, v))
     with the cache slices updated, else (out, None). The biases may be None (llama has none);
     rotate: None, or a function of q / k [B, T, H, K] applied before attention and the cache
     (llama's RoPE), so cached keys are stored already rotated by their own positions; qk_gains:
     None, or (q_gain_K, k_gain_K) of model.qk_norm: each head's queries and keys RMS-normalised
-    over K and scaled by the gains, before `rotate` and the cache."""
+    over K and scaled by the gains, before `rotate` and the cache; segment_ids_BT: None, or int32
+    document ids of data.document_mask, which restrict attention to each document (an explicit
+    mask: cuDNN takes it as an additive bias; the cache never has one)."""
     B, T, D = y_BTD.shape
     H, dtype = cfg.n_head, jnp.dtype(cfg.dtype)
     y_BTD = y_BTD.astype(dtype)  # the stream is float32; the sublayer computes in dtype
@@ -187,8 +197,11 @@ def attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg: ModelConfi
     if rotate is not None:
         q_BTHK, k_BTHK = rotate(q_BTHK), rotate(k_BTHK)
     if cache is None:
-        o_BTHK, kv = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, is_causal=True,
+        mask = None if segment_ids_BT is None else document_mask(segment_ids_BT)
+        o_BTHK, kv = jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, mask=mask, is_causal=True,
                                                   implementation=attention_impl(cfg)[0]), None
+    elif segment_ids_BT is not None:
+        raise ValueError("document segment ids are for training's packed rows; the KV cache takes none")
     else:
         o_BTHK, kv = cached_attention(q_BTHK, k_BTHK, v_BTHK, *cache)
     o_BTHK = constrain(o_BTHK, ("batch", "seq", "heads", None))

@@ -75,7 +75,7 @@ def check_impl(impl: str) -> None:
         raise ValueError(f"kernels.impl={impl} has no RMSNorm or SwiGLU kernels for model.family=llama; use xla")
 
 
-def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cache, rope):
+def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cache, rope, segment_ids_BT=None):
     """Creates one llama block's parameters through the Block's `matrix` / `vector` factories and
     returns its (attend, mlp, norm, residual_norm), as gpt2.block_sublayers does (impl is always
     xla here: `spine` checks it). The names
@@ -93,7 +93,8 @@ def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cac
 
     def attend(y_BTD):
         return layers.attention(y_BTD, qkv_kernel, None, out_kernel, None, cfg, cache,
-                                rotate=lambda x_BTHK: apply_rope(x_BTHK, rope), qk_gains=qk_gains)
+                                rotate=lambda x_BTHK: apply_rope(x_BTHK, rope), qk_gains=qk_gains,
+                                segment_ids_BT=segment_ids_BT)
 
     def mlp(y_BTD):
         return swiglu(y_BTD, gate_kernel, up_kernel, down_kernel, cfg)
@@ -109,10 +110,11 @@ def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cac
     return attend, mlp, norm, residual_norm
 
 
-def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str):
+def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str, positions_BT=None):
     """The ends of the llama model: (x_BTD, rope tables, head) where head(x_BTD) is the final
     RMSNorm and the untied head's logits over the padded vocabulary, float32. Positions are
-    0..T-1, or the cache's positions_BT (left-padded rows differ). Refuses an impl other than xla."""
+    positions_BT when given (model.reset_positions), else the cache's (left-padded rows differ),
+    else 0..T-1. Refuses an impl other than xla."""
     check_impl(impl)
     named = nn.with_logical_partitioning
     D, V = cfg.d_model, cfg.vocab_size
@@ -122,7 +124,8 @@ def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str):
     head_DV = param("lm_head_kernel", named(nn.initializers.normal(cfg.init_std), ("embed", "vocab")),
                     (D, V), jnp.float32)
     T = tokens_BT.shape[1]
-    positions_BT = jnp.arange(T, dtype=jnp.int32)[None] if cache is None else cache.positions_BT
+    if positions_BT is None:
+        positions_BT = jnp.arange(T, dtype=jnp.int32)[None] if cache is None else cache.positions_BT
     rope = rope_tables(positions_BT, D // cfg.n_head)
     table_VD = constrain(tok_embedding_VD, ("vocab", None))  # whole rows, as the GPT-2 lookup
     x_BTD = constrain(table_VD[tokens_BT].astype(jnp.float32), STREAM_BTD)

@@ -98,8 +98,9 @@ PLACEMENTS = {"pre": pre_block, "post": post_block, "sandwich": sandwich_block,
 NORM_NAMES = {name: ("ln1", "ln2") for name in PLACEMENTS} | {"sandwich": ("ln1", "ln2", "ln1_out", "ln2_out")}
 assert tuple(PLACEMENTS) == NORMS
 # model.family -> its module, whose two functions have one signature each:
-#   block_sublayers(matrix, vector, cfg, norm_names, impl, cache, rope) -> (attend, mlp, norm, residual_norm)
-#   spine(param, cfg, tokens_BT, cache, impl) -> (x_BTD, rope, head)
+#   block_sublayers(matrix, vector, cfg, norm_names, impl, cache, rope, segment_ids_BT)
+#       -> (attend, mlp, norm, residual_norm)
+#   spine(param, cfg, tokens_BT, cache, impl, positions_BT) -> (x_BTD, rope, head)
 # the first creates a block's parameters through Block's factories; the second the embedding,
 # positions, final norm and head (rope: what every block's attention shares, None for gpt2).
 FAMILIES = {"gpt2": gpt2, "llama": llama}
@@ -154,11 +155,12 @@ class Block(nn.Module):
     diagnostics: bool = False
 
     @nn.compact
-    def __call__(self, x_BTD, scanned, decode=None, rope=None):
+    def __call__(self, x_BTD, scanned, decode=None, rope=None, segment_ids_BT=None):
         """scanned: (alpha, l), plus this layer's (k_BSHK, v_BSHK) cache when decoding; decode:
         None, or (index, valid_BS) shared by every layer; rope: llama's (cos, sin) tables, shared
-        too (None for gpt2). Returns (x, (stats, kv)): kv is None without a cache, else this
-        layer's (k_BSHK, v_BSHK) with the call's slots written."""
+        too (None for gpt2); segment_ids_BT: data.document_mask's document ids, or None. Returns
+        (x, (stats, kv)): kv is None without a cache, else this layer's (k_BSHK, v_BSHK) with the
+        call's slots written."""
         alpha, layer = scanned[:2]
         kv_written = []
         cfg, impl = self.cfg, self.impl
@@ -176,7 +178,7 @@ class Block(nn.Module):
         cache = None if decode is None else (*scanned[2:], *decode)
         family = FAMILIES[cfg.family]
         attend, mlp, norm, residual_norm = family.block_sublayers(matrix, vector, cfg, NORM_NAMES[cfg.norm], impl,
-                                                                  cache, rope)
+                                                                  cache, rope, segment_ids_BT)
         if cfg.gates == "learned":  # ReZero / SkipInit: a trainable scalar from 0, times the ProRes alpha
             alpha = alpha * self.param("residual_gate", nn.with_logical_partitioning(nn.initializers.zeros, ()),
                                        (), jnp.float32)
@@ -218,12 +220,14 @@ class Andrea(nn.Module):
     scan_unroll: int | bool = 1
 
     @nn.compact
-    def __call__(self, tokens_BT, alphas_L, cache: KVCache | None = None):
+    def __call__(self, tokens_BT, alphas_L, cache: KVCache | None = None, segment_ids_BT=None, positions_BT=None):
+        """segment_ids_BT: data.document_mask's int32 document ids (attention stays within each);
+        positions_BT: model.reset_positions' positions within each document. Both None by default."""
         cfg = self.cfg
         T = tokens_BT.shape[1]
         if T > cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than model.seq_len={cfg.seq_len}")
-        x_BTD, rope, head = FAMILIES[cfg.family].spine(self.param, cfg, tokens_BT, cache, self.impl)
+        x_BTD, rope, head = FAMILIES[cfg.family].spine(self.param, cfg, tokens_BT, cache, self.impl, positions_BT)
 
         # model.remat: full saves nothing of a block (recomputes it all in the backward pass); dots
         # saves the outputs of the matmuls without batch dimensions (the qkv, output and MLP
@@ -233,7 +237,8 @@ class Andrea(nn.Module):
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}.get(cfg.remat)
         block = Block if policy is None else nn.remat(Block, prevent_cse=False, policy=policy)
         stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.n_layer, unroll=self.scan_unroll,
+                        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layer,
+                        unroll=self.scan_unroll,
                         metadata_params={nn.PARTITION_NAME: "layers"})  # stacked params: ("layers", ...)
         layers_L = jnp.arange(1, cfg.n_layer + 1, dtype=jnp.int32)
         scanned = (jnp.asarray(alphas_L, jnp.float32), layers_L)
@@ -241,7 +246,8 @@ class Andrea(nn.Module):
         if cache is not None:
             decode = (jnp.asarray(cache.index, jnp.int32), cache.valid_BS)
             scanned += (cache.k_LBSHK, cache.v_LBSHK)
-        x_BTD, (stats_L, kv_L) = stack(cfg, self.impl, self.diagnostics, name="blocks")(x_BTD, scanned, decode, rope)
+        x_BTD, (stats_L, kv_L) = stack(cfg, self.impl, self.diagnostics, name="blocks")(x_BTD, scanned, decode, rope,
+                                                                                        segment_ids_BT)
 
         logits_BTP = head(x_BTD)
         V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)

@@ -121,20 +121,21 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
     if jax.process_index() == 0:
         run_dir.config.write_text(json.dumps(cfg.to_dict(), indent=2))
 
+    eot = tokenizer_lib.eot_id(corpus.tokenizer)  # where data.document_mask cuts a row into documents
     ctx = hooks.Context(
-        cfg, run_dir, ckpt, batches, corpus, _validation(cfg, mesh, val, to_global), make_eval_step(cfg, mesh),
+        cfg, run_dir, ckpt, batches, corpus, _validation(cfg, mesh, val, to_global), make_eval_step(cfg, mesh, eot),
         jax.device_put(tokenizer_lib.bytes_per_token(corpus.tokenizer), NamedSharding(mesh, P())),
         MetricsLog(cfg, run_dir, start, step_losses),
         tqdm(total=cfg.train.steps, initial=start, disable=not show_progress or jax.process_index() != 0,
              dynamic_ncols=True),
-        knockout_step=make_knockout_step(cfg, mesh) if cfg.diagnostics.knockout else None,
+        knockout_step=make_knockout_step(cfg, mesh, eot) if cfg.diagnostics.knockout else None,
         flops_per_token=mfu.model_flops_per_token(cfg.model),
         peak_flops=cfg.train.peak_tflops * 1e12 or mfu.peak_flops(jax.devices()[0].device_kind))
     loop_state = hooks.LoopState(state, last_step=start)
     if (spikes := optim.spike_state(state.opt_state)) is not None:  # a resumed run's are reported already
         loop_state.spikes_seen = int(jax.device_get(spikes.skipped))
-    step_fns = (make_train_step(cfg, mesh),
-                make_train_step(cfg, mesh, with_diagnostics=True) if cfg.diagnostics.every else None)
+    step_fns = (make_train_step(cfg, mesh, eot_id=eot),
+                make_train_step(cfg, mesh, with_diagnostics=True, eot_id=eot) if cfg.diagnostics.every else None)
     stop = preemption.StopRequests().install()  # uninstalled in the finally below
     # Printed once signals are caught: from here on SIGTERM / SIGINT stop the run with a checkpoint.
     print(f"ANDREA: {sum(int(p.size) for p in jax.tree.leaves(state.params)):,} parameters, "

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from andrea_jax.train import diagnostics as diag_lib, optim, sharding
 from andrea_jax import model as model_lib
+from andrea_jax.data import loader
 from andrea_jax.model import depth, prores
 from andrea_jax.config import Config
 
@@ -39,16 +40,30 @@ def z_loss_term(logits_BTV, coefficient: float):
     return coefficient * jnp.mean(jnp.square(log_z_BT))
 
 
-def loss_fn(params, model, tokens_BT1, alphas_L):
-    logits = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L).logits
-    return cross_entropy(logits, tokens_BT1[:, 1:])
+def document_inputs(model, tokens_BT, eot_id: int | None) -> dict:
+    """The model's keyword inputs of data.document_mask: none when eot_id is None, else the rows'
+    segment ids, and their positions within each document under model.reset_positions."""
+    if eot_id is None:
+        return {}
+    segment_ids_BT, positions_BT = loader.document_segments(tokens_BT, eot_id)
+    return {"segment_ids_BT": segment_ids_BT} | ({"positions_BT": positions_BT} if model.cfg.reset_positions else {})
 
 
-def objective(params, model, tokens_BT1, alphas_L, z_loss: float = 0.0):
+def _apply(params, model, tokens_BT1, alphas_L, eot_id):
+    tokens_BT = tokens_BT1[:, :-1]
+    return model.apply({"params": params}, tokens_BT, alphas_L, **document_inputs(model, tokens_BT, eot_id))
+
+
+def loss_fn(params, model, tokens_BT1, alphas_L, eot_id: int | None = None):
+    """Mean cross-entropy of the batch's next tokens; eot_id: data.document_mask's (None: off)."""
+    return cross_entropy(_apply(params, model, tokens_BT1, alphas_L, eot_id).logits, tokens_BT1[:, 1:])
+
+
+def objective(params, model, tokens_BT1, alphas_L, z_loss: float = 0.0, eot_id: int | None = None):
     """What the train step differentiates: (cross-entropy + z-loss, (cross-entropy, aux)), aux a
     dict of `stats` (the scan's per-layer statistics of a model built with diagnostics=True, else
     None) and `z_loss` (its term; None when the coefficient is 0)."""
-    out = model.apply({"params": params}, tokens_BT1[:, :-1], alphas_L)
+    out = _apply(params, model, tokens_BT1, alphas_L, eot_id)
     loss = cross_entropy(out.logits, tokens_BT1[:, 1:])
     z = z_loss_term(out.logits, z_loss) if z_loss else None
     return loss + (0.0 if z is None else z), (loss, {"stats": out.stats, "z_loss": z})
@@ -169,8 +184,12 @@ def apply_update(state: train_state.TrainState, grads, loss=None) -> train_state
                          opt_state=opt_state)
 
 
+def _eot_if_masked(cfg: Config, eot_id: int) -> int | None:
+    return eot_id if cfg.data.document_mask else None
+
+
 def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: bool = False,
-                    scan_unroll: int | bool = 1):
+                    scan_unroll: int | bool = 1, eot_id: int = 0):
     """The jitted update. `with_diagnostics` compiles a second version of the same update that
     also returns, per layer [L], the scan's statistics (andrea_jax.model.Block), the gradient norm
     of the block's parameters and the effective alpha; the loop calls it every
@@ -178,7 +197,9 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
     > 1 the loss, gradients and statistics are means over the microbatches. Metrics: loss (the
     cross-entropy), grad_norm, lr; z_loss with optim.z_loss; skipped_spikes (so far) with
     optim.skip_spikes, whose test is given the step's loss. `scan_unroll` is the model's
-    (andrea_jax.model.Andrea): andrea_jax.aot counts FLOPs on an unrolled step."""
+    (andrea_jax.model.Andrea): andrea_jax.aot counts FLOPs on an unrolled step. eot_id: the
+    tokenizer's <|endoftext|>, where data.document_mask cuts the rows into documents (0 in the
+    tokenizers trained here; the trainer passes its run's)."""
     sharding.check(cfg, mesh)
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl, diagnostics=with_diagnostics, padded_logits=True,
                              scan_unroll=scan_unroll)
@@ -190,7 +211,7 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
 
         def grad_fn(params, tokens):
             (_, (loss, aux)), grads = jax.value_and_grad(objective, has_aux=True)(
-                params, model, tokens, alphas_L, cfg.optim.z_loss)
+                params, model, tokens, alphas_L, cfg.optim.z_loss, _eot_if_masked(cfg, eot_id))
             return (loss, aux), grads
 
         (loss, aux), grads = _microbatched(grad_fn, cfg, mesh, state_sh.params)(state.params, tokens_BT1)
@@ -210,12 +231,13 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
                    out_shardings=(state_sh, replicated), donate_argnums=0)
 
 
-def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
-    """(params, step, tokens_BT1, bytes_per_token_V) -> (mean loss, UTF-8 bytes of the targets)."""
+def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh, eot_id: int = 0):
+    """(params, step, tokens_BT1, bytes_per_token_V) -> (mean loss, UTF-8 bytes of the targets);
+    eot_id as make_train_step's."""
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl, padded_logits=True)
 
     def eval_step(params, step, tokens_BT1, bytes_per_token_V):
-        loss = loss_fn(params, model, tokens_BT1, prores.run_alphas(cfg, step))
+        loss = loss_fn(params, model, tokens_BT1, prores.run_alphas(cfg, step), _eot_if_masked(cfg, eot_id))
         return loss, bytes_per_token_V[tokens_BT1[:, 1:]].sum()
 
     replicated = NamedSharding(mesh, P())
@@ -224,19 +246,19 @@ def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh):
                                  replicated))
 
 
-def make_knockout_step(cfg: Config, mesh: jax.sharding.Mesh):
+def make_knockout_step(cfg: Config, mesh: jax.sharding.Mesh, eot_id: int = 0):
     """(params, step, tokens_BT1) -> [L] mean losses, entry l with block l's alpha set to 0 (its
     branches removed; a learned gate multiplies the 0): a pass over the L one-hot masks of the
     alphas, which are an input of the model, so nothing is retraced or copied. The masks go
     diagnostics.knockout_chunk at a time through one vmapped forward (lax.map over the chunks;
-    0: all L at once), which bounds the activations held to a chunk's."""
+    0: all L at once), which bounds the activations held to a chunk's. eot_id as make_train_step's."""
     model = model_lib.Andrea(cfg.model, cfg.kernels.impl, padded_logits=True)
     chunk = cfg.diagnostics.knockout_chunk or cfg.model.n_layer
 
     def knockout_step(params, step, tokens_BT1):
         alphas_L = prores.run_alphas(cfg, step)
         kept_LL = 1.0 - jnp.eye(cfg.model.n_layer, dtype=jnp.float32)
-        masked_loss = lambda kept_L: loss_fn(params, model, tokens_BT1, alphas_L * kept_L)
+        masked_loss = lambda kept_L: loss_fn(params, model, tokens_BT1, alphas_L * kept_L, _eot_if_masked(cfg, eot_id))
         if chunk >= cfg.model.n_layer:
             return jax.vmap(masked_loss)(kept_LL)
         return jax.lax.map(masked_loss, kept_LL, batch_size=chunk)
