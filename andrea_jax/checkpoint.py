@@ -1,9 +1,9 @@
 """The checkpoint format of a run, written and read only here: the train state, the data
 loader's position and the per-step losses, saved together by Orbax.
 
-A checkpoint is `WORKDIR/checkpoints/STEP/{state,data,losses,format}` (the item names below); orbax writes it to a temporary
-folder and renames it when complete, so a run killed mid-save leaves the previous checkpoint
-intact. Restoring takes the newest checkpoint that can be read: one that cannot is reported and
+A checkpoint is `WORKDIR/checkpoints/STEP/{state,data,losses,format}` (the item names below);
+orbax writes it to a temporary folder and renames it when complete, so a run killed mid-save leaves
+the previous checkpoint intact. Restoring takes the newest checkpoint that can be read: one that cannot is reported and
 left where it is, until the resumed run saves that step again and sets it aside as
 `STEP.unreadable` (nothing is ever deleted but by `train.keep_checkpoints`).
 
