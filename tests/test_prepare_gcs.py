@@ -21,7 +21,7 @@ import train as train_cli
 from andrea_jax.data import bucket_cache, pipeline, token_shards
 from andrea_jax.data.prepare import driver as prepare
 from andrea_jax.errors import DataError
-from _corpus import write_corpus
+from _corpus import PARAGRAPHS, write_corpus
 
 BUCKET = "andrea-test"
 
@@ -131,6 +131,30 @@ def test_prepare_to_and_train_from_a_bucket_equal_a_local_folder(tmp_path, emula
     copies = list((cache / "prepared").iterdir())
     assert len(copies) == 1 and bucket_cache.local_copy(remote, cache) == copies[0]
     assert "copying" not in capsys.readouterr().out
+
+
+def test_a_dataset_prepared_again_in_the_same_bucket_folder_is_copied_afresh(tmp_path, emulator, capsys,
+                                                                           monkeypatch):
+    remote = epath.Path(f"gs://{BUCKET}/runs/prepared")
+    common = ["--source", "files", "--vocab-size", "300", "--workers", "1"]
+    first = write_corpus(tmp_path / "first", n_files=2, paragraphs=PARAGRAPHS[: len(PARAGRAPHS) // 2])
+    second = write_corpus(tmp_path / "second", n_files=3, paragraphs=PARAGRAPHS[len(PARAGRAPHS) // 2:])
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    assert prepare.main([*common, "--shards", "2", "--path", str(first), "--out", str(remote)]) == 0
+    capsys.readouterr()
+    before = train_losses(str(remote), tmp_path / "run_first", capsys)
+    assert f"copying 2 shard(s) of {remote}" in capsys.readouterr().out
+
+    # The same URL, prepared again from another corpus: the local copy of the first must not be read.
+    remote.rmtree()
+    assert prepare.main([*common, "--shards", "3", "--path", str(second), "--out", str(remote)]) == 0
+    assert prepare.main([*common, "--shards", "3", "--path", str(second), "--out", str(tmp_path / "local")]) == 0
+    capsys.readouterr()
+    after = train_losses(str(remote), tmp_path / "run_second", capsys)
+    assert f"copying 3 shard(s) of {remote}" in capsys.readouterr().out
+    # exact by construction: the same compiled steps on the same tokens, a copy of the new ones
+    assert after == train_losses(str(tmp_path / "local"), tmp_path / "run_local", capsys)
+    assert after != before
 
 
 def test_s3_is_refused_in_one_line(tmp_path, capsys):

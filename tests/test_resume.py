@@ -337,3 +337,38 @@ def test_skip_nonfinite_counts_skipped_updates_and_goes_on_until_stuck(tmp_path,
     assert [l["step"] for l in lines] == [1, 2, 3, 4]  # went on after the first non-finite loss
     assert [l["skipped_updates"] for l in lines] == [0, 0, 1, 2]
     assert Workdir(tmp_path).checkpoint_steps() == [2, 4]  # saved while skipping: parameters untouched
+
+
+def test_a_kill_while_a_checkpoint_commits_leaves_the_previous_one_and_the_rerun_continues_exactly(tmp_path,
+                                                                                                    tok_path):
+    # The step-6 checkpoint's files are written but its commit (orbax's rename of the temporary
+    # folder, in its background thread) waits: SIGKILL then, mid-save, while training goes on.
+    settings = TOY + prores(5) + ["train.steps=9", "train.log_every=1", "train.eval_every=3",
+                                  "train.checkpoint_every=3", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
+    env = {"ANDREA_CACHE": str(tmp_path / "cache")}
+    straight = start(tmp_path / "straight", settings, env=env)
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    log = (tmp_path / "run.log").open("w")
+    program = [sys.executable, str(PROGRAMS / "slow_commit_train.py")] + command(workdir, settings)[2:]
+    run = subprocess.Popen(program, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                           env={**os.environ, "XLA_FLAGS": "", "ANDREA_SLOW_COMMIT_FROM": "6", **env})
+    run.log = log.name
+    try:
+        wait_for_text(run, "slow commit of checkpoint 6 started")
+        os.kill(run.pid, signal.SIGKILL)
+        finish(run, timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == -signal.SIGKILL
+    left = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+    assert Workdir(workdir).checkpoint_steps() == [3] and any(".orbax-checkpoint-tmp" in n for n in left), left
+
+    rerun = start(workdir, settings, log_name="rerun", env=env)
+    out = finish(rerun)
+    assert rerun.returncode == 0, out[-3000:]
+    assert "resumed at step 3" in out
+    assert finish(straight) and straight.returncode == 0, open(straight.log).read()[-3000:]
+    same_run(workdir, tmp_path / "straight")
