@@ -203,6 +203,23 @@ class TrainConfig:
         _need(self.peak_tflops >= 0, "train.peak_tflops", f"must be >= 0, got {self.peak_tflops}")
 
 
+def parse_mixture(spec: str) -> list[tuple[str, float]]:
+    """`data.mixture` as [(path, weight)], the weights normalised to sum 1; '' = []. A path may hold
+    ':' (gs://...): the weight is after the last one."""
+    entries = []
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        path, _, weight = entry.rpartition(":")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = float("nan")
+        _need(bool(path) and value > 0 and math.isfinite(value), "data.mixture",
+              f"entry {entry!r} must be PATH:WEIGHT with a weight > 0")
+        entries.append((path, value))
+    total = sum(w for _, w in entries)
+    return [(path, w / total) for path, w in entries]
+
+
 @dataclass(frozen=True)
 class DataConfig:
     source: str = "embedded"    # embedded (shipped tinyshakespeare) | files (data.path) | tfds (data.tfds_name) |
@@ -219,14 +236,20 @@ class DataConfig:
     tokenizer: str = ""         # path of a tokenizer.json to use; empty = train on the corpus (cached beside it)
     tokenizer_sample_mb: int = 64  # a trained tokenizer sees a seeded uniform sample of about this much of the
                                    # documents
+    mixture: str = ""           # prepared: PATH:WEIGHT,PATH:WEIGHT,... prepared datasets (same tokenizer) mixed
+                                # window by window in these proportions (normalised); replaces data.path
 
     def check(self) -> None:
         d = self
         _one_of("data.source", d.source, ("embedded", "files", "tfds", "prepared"), "source")
         _need(d.source != "files" or bool(d.path), "data.path",
               "data.source=files needs a folder, file or glob of .txt / .jsonl files")
-        _need(d.source != "prepared" or bool(d.path), "data.path",
+        _need(d.source != "prepared" or bool(d.path) or bool(d.mixture), "data.path",
               "data.source=prepared needs the folder written by python -m andrea_jax.data.prepare")
+        _need(d.source == "prepared" or not d.mixture, "data.mixture",
+              f"is only read with data.source=prepared, not {d.source!r}")
+        _need(not (d.path and d.mixture), "data.path", "is replaced by data.mixture's paths: set one of them")
+        parse_mixture(d.mixture)
         _need(d.source in ("files", "prepared") or not d.path, "data.path",
               f"is only read with data.source=files or prepared, not {d.source!r}")
         _need(d.source != "tfds" or bool(d.tfds_name), "data.tfds_name",
