@@ -130,7 +130,7 @@ def test_a_bad_path_is_one_line_naming_the_entry(datasets, tmp_path):
     with pytest.raises(DataError) as err:
         build(cfg, tmp_path)
     message = str(err.value)
-    assert "\n" not in message and f"data.mixture entry {tmp_path / 'nowhere'}:" in message
+    assert "\n" not in message and f"data.mixture entry '{tmp_path / 'nowhere'}': no prepared" in message
 
 
 def test_mixture_only_with_prepared_and_not_with_data_path(datasets):

@@ -132,8 +132,8 @@ def mixed_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir) -> Token
     tail, and the validation set is the first entry's."""
     entries = parse_mixture(data_cfg.mixture)
     names = mixture_lib.source_names([path for path, _ in entries])
-    opened = [_open_prepared(data_cfg, vocab_size, cache_dir, path, f"data.mixture entry {path}:{weight:g}")
-              for path, weight in entries]
+    opened = [_open_prepared(data_cfg, vocab_size, cache_dir, path, "data.mixture entry")
+              for path, _ in entries]
     tok, keys, parts = opened[0][0], [], []
     for (path, weight), (other, tokens, key) in zip(entries, opened):
         if token_cache.tokenizer_hash(other) != token_cache.tokenizer_hash(tok):
