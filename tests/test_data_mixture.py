@@ -138,3 +138,38 @@ def test_mixture_only_with_prepared_and_not_with_data_path(datasets):
         cfg = config_lib.override(Config(), ["data.source=prepared", f"data.mixture={datasets[0][0]}:1", *extra])
         with pytest.raises(ConfigError, match=f"^{key}:"):
             config_lib.validate(cfg)
+
+
+def test_a_dataset_of_another_tokenizer_is_one_line_naming_the_entry(datasets, tmp_path):
+    other = tokenizer_lib.train(["all the world's a stage, and all the men and women merely players"] * 20,
+                                vocab_size=datasets[1])
+    folder = tmp_path / "other"
+    folder.mkdir()
+    label = {"tokenizer": token_cache.tokenizer_hash(other)}
+    marker = shard_writer.write_shard(folder, token_shards.shard_file(0, 1),
+                                      [(np.arange(500, dtype=np.uint16), np.array([500]))], np.uint16, label)
+    shard_writer.write_manifest(folder, [marker], **label)
+    other.save(str(folder / "tokenizer.json"))
+    cfg = make_cfg(datasets)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, mixture=cfg.data.mixture + f",{folder}:1"))
+    with pytest.raises(DataError) as err:
+        build(cfg, tmp_path)
+    assert "\n" not in str(err.value) and f"data.mixture entry {folder}: tokenized by another" in str(err.value)
+
+
+def test_the_step_line_carries_each_sources_tokens_so_far(datasets, tmp_path):
+    import time
+    from types import SimpleNamespace
+
+    from andrea_jax.train import hooks
+
+    cfg = make_cfg(datasets)
+    corpus, batches, _ = build(cfg, tmp_path)
+    rows = np.concatenate([next(batches) for _ in range(7)])
+    counts = np.bincount(rows[:, 0] // 10000, minlength=len(SIZES))
+    ctx = SimpleNamespace(cfg=cfg, corpus=corpus, peak_flops=0)
+    state = SimpleNamespace(step_metrics={"loss": 1.0}, last_step=6, last_time=time.perf_counter() - 1,
+                            skipped=None, spike=None)
+    line = hooks.step_line(ctx, state, 7)
+    assert {k: v for k, v in line.items() if k.startswith("tokens/")} == {
+        f"tokens/ds{s}": int(c) * SEQ_LEN for s, c in enumerate(counts)}
