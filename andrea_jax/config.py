@@ -10,7 +10,8 @@ import math
 import typing
 from dataclasses import dataclass, field
 
-from andrea_jax.config_text import nearest_key, parse_value
+from andrea_jax.config_text import (LOGICAL_AXES, MESH_AXES, nearest_key, parse_mixture,  # noqa: F401
+                                    parse_rules, parse_value)
 from andrea_jax.errors import ConfigError  # noqa: F401  (callers catch it here)
 
 
@@ -27,8 +28,6 @@ UPDATE_SCALES = ("none", "alpha", "sqrt_alpha", "alpha_sq")  # prores.scale_upda
 # model.depth_param: the branch multiplier's exponent a in (L / L0)^-a (andrea_jax.model.depth)
 DEPTH_PARAMS = {"sp": 0.0, "depth_mup": 0.5, "completep": 1.0}
 # Logical axis names of the model's arrays (andrea_jax.model.layers), which mesh.rules may map
-LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
-MESH_AXES = ("data", "fsdp", "tensor")                   # the device mesh's axes (andrea_jax.train.sharding)
 
 
 def _need(ok: bool, key: str, why: str) -> None:
@@ -44,21 +43,6 @@ def _positive(section: str, obj, *names: str) -> None:
 
 def _one_of(key: str, value: str, known, what: str) -> None:
     _need(value in known, key, f"unknown {what} {value!r}; known: {', '.join(known)}")
-
-
-def parse_rules(text: str) -> dict[str, tuple[str, ...]]:
-    """`mesh.rules` ("batch=data+fsdp,embed=,vocab=tensor") as {name: mesh axes}; '' = {}."""
-    out = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, axes = (s.strip() for s in item.partition("="))
-        if not sep or name not in LOGICAL_AXES:
-            raise ConfigError(f"mesh.rules: {item!r} is not NAME=AXIS[+AXIS] with NAME one of "
-                              f"{', '.join(LOGICAL_AXES)}")
-        out[name] = tuple(filter(None, (a.strip() for a in axes.split("+"))))
-        bad = [a for a in out[name] if a not in MESH_AXES]
-        if bad:
-            raise ConfigError(f"mesh.rules: {item!r} names {bad[0]!r}; mesh axes are {', '.join(MESH_AXES)}")
-    return out
 
 
 @dataclass(frozen=True)
@@ -241,14 +225,20 @@ class DataConfig:
                                    # documents
     document_mask: bool = False  # attention of a packed row stays within each document (one starts after each
                                  # <|endoftext|>), in training and its validation; generation is unchanged
+    mixture: str = ""           # prepared: PATH:WEIGHT,PATH:WEIGHT,... prepared datasets (same tokenizer) mixed
+                                # window by window in these proportions (normalised); replaces data.path
 
     def check(self) -> None:
         d = self
         _one_of("data.source", d.source, ("embedded", "files", "tfds", "prepared"), "source")
         _need(d.source != "files" or bool(d.path), "data.path",
               "data.source=files needs a folder, file or glob of .txt / .jsonl files")
-        _need(d.source != "prepared" or bool(d.path), "data.path",
+        _need(d.source != "prepared" or bool(d.path) or bool(d.mixture), "data.path",
               "data.source=prepared needs the folder written by python -m andrea_jax.data.prepare")
+        _need(d.source == "prepared" or not d.mixture, "data.mixture",
+              f"is only read with data.source=prepared, not {d.source!r}")
+        _need(not (d.path and d.mixture), "data.path", "is replaced by data.mixture's paths: set one of them")
+        parse_mixture(d.mixture)
         _need(d.source in ("files", "prepared") or not d.path, "data.path",
               f"is only read with data.source=files or prepared, not {d.source!r}")
         _need(d.source != "tfds" or bool(d.tfds_name), "data.tfds_name",

@@ -1,11 +1,15 @@
-"""Settings given as text (`--set section.key=value`): a value parsed by its field's type, and the
-known key nearest to a mistyped one. Knows nothing of the config's sections (config.py passes them)."""
+"""Settings given as text (`--set section.key=value`): a value parsed by its field's type, the settings
+that are lists in a string (mesh.rules, data.mixture), and the known key nearest to a mistyped one.
+Knows nothing of the config's sections (config.py passes them)."""
 from __future__ import annotations
 
 import difflib
+import math
 
 from andrea_jax.errors import ConfigError
 
+LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
+MESH_AXES = ("data", "fsdp", "tensor")                   # the device mesh's axes (andrea_jax.train.sharding)
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -29,3 +33,35 @@ def nearest_key(known: dict[str, list[str]], key: str) -> str:
     near = near or [f"{s}.{name}" for s in known if name and name in known[s]]
     near = near or ([home if not name else f"section {home}"] if home and home != section else [])
     return f"; did you mean {near[0]}?" if near else ""
+
+
+def parse_rules(text: str) -> dict[str, tuple[str, ...]]:
+    """`mesh.rules` ("batch=data+fsdp,embed=,vocab=tensor") as {name: mesh axes}; '' = {}."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, axes = (s.strip() for s in item.partition("="))
+        if not sep or name not in LOGICAL_AXES:
+            raise ConfigError(f"mesh.rules: {item!r} is not NAME=AXIS[+AXIS] with NAME one of "
+                              f"{', '.join(LOGICAL_AXES)}")
+        out[name] = tuple(filter(None, (a.strip() for a in axes.split("+"))))
+        bad = [a for a in out[name] if a not in MESH_AXES]
+        if bad:
+            raise ConfigError(f"mesh.rules: {item!r} names {bad[0]!r}; mesh axes are {', '.join(MESH_AXES)}")
+    return out
+
+
+def parse_mixture(spec: str) -> list[tuple[str, float]]:
+    """`data.mixture` as [(path, weight)], the weights normalised to sum 1; '' = []. A path may hold
+    ':' (gs://...): the weight is after the last one."""
+    entries = []
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        path, _, weight = entry.rpartition(":")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = float("nan")
+        if not (path and value > 0 and math.isfinite(value)):
+            raise ConfigError(f"data.mixture: entry {entry!r} must be PATH:WEIGHT with a weight > 0")
+        entries.append((path, value))
+    total = sum(w for _, w in entries)
+    return [(path, w / total) for path, w in entries]

@@ -164,6 +164,17 @@ def test_step_benchmark_prints_a_row_per_policy_and_depth():
     assert saved > 0 and temp["full", "2"] < temp["none", "2"]
 
 
+def test_data_mixture_benchmark_compares_the_mixture_with_a_single_dataset_at_toy_size():
+    out = run_benchmark("data_mixture.py", "--n-tokens", "1100000", "--shards", "2", "--batches", "1",
+                        "--repeats", "1", "--threads", "1")
+    rates = [line for line in out.splitlines() if line.startswith("  per-process batch")]
+    assert len(rates) == 3
+    for line in rates:   # both loaders gave batches
+        single, mixed = (float(line.split(name)[1].split(" M tokens/s")[0]) for name in ("single ", "mixture of 3 "))
+        ratio = float(line.split("(")[-1].rstrip("x)"))
+        assert single > 0 and mixed > 0 and ratio > 0
+
+
 def test_data_benchmark_runs_the_loader_pretokenization_and_beam_at_toy_size():
     n = 1_100_000  # enough windows of 1025 tokens for one global batch of 512
     out = run_benchmark("data.py", "--n-tokens", str(n), "--shards", "2", "--doc-tokens", "50", "--batches", "1",

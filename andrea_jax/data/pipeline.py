@@ -21,8 +21,9 @@ import pathlib
 import jax
 from tokenizers import Tokenizer
 
-from andrea_jax.data import (bucket_cache, loader, sampling, sources, storage, token_cache, token_shards,
-                             tokenizer as tokenizer_lib)
+from andrea_jax.config_text import parse_mixture
+from andrea_jax.data import (bucket_cache, loader, mixture as mixture_lib, sampling, sources, storage, token_cache,
+                             token_shards, tokenizer as tokenizer_lib)
 from andrea_jax.errors import DataError
 from andrea_jax.workdir import Workdir
 
@@ -36,10 +37,16 @@ class TokenizedCorpus:
     train_tokens: token_shards.ShardedTokens   # token ids, end-of-text after each document (np.asarray: an array)
     val_tokens: token_shards.ShardedTokens
     key: str                   # the dataset, splits and tokenizer: what a saved loader state must match
+    mixture: mixture_lib.Mixture | None = None   # data.mixture's sources; train/val_tokens are then its first's
+
+    @property
+    def n_train(self) -> int:
+        return sum(map(len, self.mixture.train_parts)) if self.mixture else len(self.train_tokens)
 
     @property
     def train_size(self) -> str:
-        return f"{len(self.train_tokens):,} training tokens"
+        return f"{self.n_train:,} training tokens" + (f" of {len(self.mixture.names)} mixed datasets"
+                                                      if self.mixture else "")
 
 
 def read_text(path: pathlib.Path) -> str:
@@ -90,16 +97,19 @@ def _build_lock(cache_dir: pathlib.Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _open_prepared(data_cfg, vocab_size: int, cache_dir: pathlib.Path):
-    """(tokenizer, tokens, key) of a dataset written by `python -m andrea_jax.data.prepare`; one in a
-    bucket (gs://) is read from its local copy (bucket_cache.py)."""
-    folder = storage.path(str(data_cfg.path), "data.path")
+def _open_prepared(data_cfg, vocab_size: int, cache_dir: pathlib.Path, path: str | None = None,
+                   what: str = "data.path"):
+    """(tokenizer, tokens, key) of a dataset written by `python -m andrea_jax.data.prepare` (at
+    `path`, by default data.path; `what` names it in messages); one in a bucket (gs://) is read from
+    its local copy (bucket_cache.py)."""
+    path = str(data_cfg.path) if path is None else path
+    folder = storage.path(path, what)
     if storage.is_remote(folder):
         with _build_lock(cache_dir):
             folder = bucket_cache.local_copy(folder, cache_dir)
     folder = folder.expanduser()
     if not folder.is_dir():
-        raise DataError(f"data.path {data_cfg.path!r}: no prepared token dataset there (no such folder)")
+        raise DataError(f"{what} {path!r}: no prepared token dataset there (no such folder)")
     manifest = token_shards.read_manifest(folder)
     tok_file = pathlib.Path(data_cfg.tokenizer) if data_cfg.tokenizer else folder / "tokenizer.json"
     if not tok_file.is_file():
@@ -112,9 +122,38 @@ def _open_prepared(data_cfg, vocab_size: int, cache_dir: pathlib.Path):
     return tok, tokens, f"prepared:{manifest.get('source_key', folder.name)}:{manifest['tokenizer']}"
 
 
+def _held_out(tokens, val_fraction: float):
+    n_val = int(len(tokens) * val_fraction)
+    return tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
+
+
+def mixed_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir) -> TokenizedCorpus:
+    """data.mixture's prepared datasets, one tokenizer for all; each holds out its own val_fraction
+    tail, and the validation set is the first entry's."""
+    entries = parse_mixture(data_cfg.mixture)
+    names = mixture_lib.source_names([path for path, _ in entries])
+    opened = [_open_prepared(data_cfg, vocab_size, cache_dir, path, "data.mixture entry")
+              for path, _ in entries]
+    tok, keys, parts = opened[0][0], [], []
+    for (path, weight), (other, tokens, key) in zip(entries, opened):
+        if token_cache.tokenizer_hash(other) != token_cache.tokenizer_hash(tok):
+            raise DataError(f"data.mixture entry {path}: tokenized by another tokenizer than {entries[0][0]}; "
+                            f"a mixture's datasets must share one tokenizer")
+        train, val = _held_out(tokens, data_cfg.val_fraction)
+        if len(train) < seq_len + 1 or (not parts and len(val) < seq_len + 1):
+            raise DataError(f"data.mixture entry {path}: {len(tokens)} tokens are too few for one window of "
+                            f"model.seq_len + 1 = {seq_len + 1} in its training and validation parts")
+        keys.append(f"{key}@{weight:.6g}")
+        parts.append((train, val))
+    mixture = mixture_lib.Mixture(names, tuple(w for _, w in entries), tuple(train for train, _ in parts))
+    return TokenizedCorpus(tok, parts[0][0], parts[0][1], "mixture:" + ";".join(keys), mixture)
+
+
 def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None) -> TokenizedCorpus:
     """Opens the source, loads or trains the tokenizer, loads or builds the token caches."""
     cache_dir = pathlib.Path(cache_dir or tokenizer_lib.default_cache_dir())
+    if getattr(data_cfg, "mixture", ""):
+        return mixed_corpus(data_cfg, vocab_size=vocab_size, seq_len=seq_len, cache_dir=cache_dir)
     split = data_cfg.tfds_split if data_cfg.source == "tfds" else "train"
     val_tokens = None
     if data_cfg.source == "prepared":
@@ -136,8 +175,7 @@ def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None)
         train_tokens = tokens
         val_name = f"validation split {data_cfg.tfds_val_split!r}"
     else:
-        n_val = int(len(tokens) * data_cfg.val_fraction)
-        train_tokens, val_tokens = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
+        train_tokens, val_tokens = _held_out(tokens, data_cfg.val_fraction)
         val_name = f"validation part (data.val_fraction={data_cfg.val_fraction})"
     for part_name, part in (("training part", train_tokens), (val_name, val_tokens)):
         if len(part) < seq_len + 1:
@@ -147,7 +185,7 @@ def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None)
 
 
 def fingerprint(cfg, corpus: TokenizedCorpus) -> dict:
-    return loader.state_fingerprint(tokens_key=corpus.key, n_tokens=len(corpus.train_tokens),
+    return loader.state_fingerprint(tokens_key=corpus.key, n_tokens=corpus.n_train,
                                     seq_len=cfg.model.seq_len, global_batch=cfg.train.batch_size,
                                     seed=cfg.train.seed)
 
@@ -160,14 +198,22 @@ def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None
     count = jax.process_count() if process_count is None else process_count
     m_cfg, t_cfg = cfg.model, cfg.train
     corpus = tokenized_corpus(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
-    batches = loader.train_iterator(loader.train_dataset(
-        corpus.train_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.seed,
-        process_index=index, process_count=count))
+    split = dict(seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.seed,
+                 process_index=index, process_count=count)
+    batches = loader.train_iterator(mixture_lib.train_dataset(corpus.mixture, **split) if corpus.mixture
+                                    else loader.train_dataset(corpus.train_tokens, **split))
     if workdir is not None:
         corpus.tokenizer.save(str(Workdir(workdir).tokenizer))
     val = loader.val_batches(corpus.val_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size,
                              max_batches=t_cfg.eval_batches, process_index=index, process_count=count)
     return corpus, batches, val
+
+
+def tokens_by_source(cfg, corpus: TokenizedCorpus, steps: int) -> dict[str, int]:
+    """{"tokens/NAME": tokens each mixed source gave the first `steps` steps}; {} without data.mixture."""
+    if corpus.mixture is None:
+        return {}
+    return mixture_lib.tokens_seen(corpus.mixture, steps, cfg.train.batch_size, cfg.model.seq_len)
 
 
 def get_state(batches, cfg, corpus: TokenizedCorpus) -> dict:

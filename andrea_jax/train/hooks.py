@@ -142,12 +142,14 @@ def save_checkpoint(ctx: Context, state: LoopState, step: int) -> dict:
 
 
 def step_line(ctx: Context, state: LoopState, step: int) -> dict:
-    """The step's own metrics, the throughput since the last line, and what sync saw."""
+    """The step's own metrics, the throughput since the last line, each mixed source's tokens so far,
+    and what sync saw."""
     line = metric_line(step, state.step_metrics)
     tokens = ctx.cfg.train.batch_size * ctx.cfg.model.seq_len * (step - state.last_step)
     line["tokens_per_sec"] = tokens / (time.perf_counter() - state.last_time)
     if ctx.peak_flops:
         line["mfu"] = mfu.mfu(line["tokens_per_sec"], ctx.flops_per_token, ctx.peak_flops, jax.device_count())
+    line |= pipeline.tokens_by_source(ctx.cfg, ctx.corpus, step)   # data.mixture: cumulative, per source
     if state.skipped is not None:
         line["skipped_updates"] = state.skipped
     if state.spike is not None:
