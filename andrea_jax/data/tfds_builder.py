@@ -17,11 +17,24 @@ from andrea_jax.data import documents, storage
 from andrea_jax.errors import DataError
 
 
+_PACKAGE = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _stamp(path) -> str:
+    """What identifies a file: its path, size and time (cheap at any size), or, for a file shipped
+    in the package (the embedded corpus), its name in the package and its bytes' hash, so that a
+    dataset, and a checkpoint's data state, is the same in every checkout and install."""
+    if not str(path).startswith("gs://") and pathlib.Path(path).resolve().is_relative_to(_PACKAGE):
+        local = pathlib.Path(path).resolve()
+        return f"andrea_jax/{local.relative_to(_PACKAGE)}\0{hashlib.sha256(local.read_bytes()).hexdigest()}"
+    size, mtime_ns = storage.stamp(path)   # a local file or a gs:// object (prepare --path)
+    return f"{path}\0{size}\0{mtime_ns}"
+
+
 def files_key(files: Sequence[pathlib.Path]) -> str:
     digest = hashlib.sha256()
     for path in files:
-        size, mtime_ns = storage.stamp(path)   # a local file or a gs:// object (prepare --path)
-        digest.update(f"{path}\0{size}\0{mtime_ns}\n".encode())
+        digest.update(f"{_stamp(path)}\n".encode())
     return digest.hexdigest()[:16]
 
 
