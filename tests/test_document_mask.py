@@ -7,7 +7,7 @@ import pytest
 
 from andrea_jax import config as config_lib, configs, model as model_lib, workdir
 from andrea_jax.config import ConfigError, ModelConfig
-from andrea_jax.data import loader
+from andrea_jax.data import segments
 from andrea_jax.model import prores
 from andrea_jax.train import steps
 
@@ -33,14 +33,14 @@ def packed_row(n_first: int = 5, n_second: int = 10, seed: int = 0):
 def logits(cfg, params, tokens_BT, documents: bool):
     inputs = {}
     if documents:
-        segment_ids_BT, positions_BT = loader.document_segments(tokens_BT, EOT)
+        segment_ids_BT, positions_BT = segments.document_segments(tokens_BT, EOT)
         inputs = {"segment_ids_BT": segment_ids_BT} | ({"positions_BT": positions_BT} if cfg.reset_positions else {})
     return model_lib.Andrea(cfg).apply({"params": params}, jnp.asarray(tokens_BT), ALPHAS, **inputs).logits[0]
 
 
 def test_segment_ids_and_positions_of_a_hand_made_row():
     row = np.array([[5, 6, EOT, 7, 8, 9, EOT, EOT, 3]], np.int32)
-    segment_ids_BT, positions_BT = loader.document_segments(row, EOT)
+    segment_ids_BT, positions_BT = segments.document_segments(row, EOT)
     # a document starts after each EOT, which ends its own; an empty document is the EOT alone
     assert np.asarray(segment_ids_BT).tolist() == [[0, 0, 0, 1, 1, 1, 1, 2, 3]]
     assert np.asarray(positions_BT).tolist() == [[0, 1, 2, 0, 1, 2, 3, 0, 0]]

@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from andrea_jax.train import diagnostics as diag_lib, optim, sharding
 from andrea_jax import model as model_lib
-from andrea_jax.data import loader
+from andrea_jax.data import segments
 from andrea_jax.model import depth, prores
 from andrea_jax.config import Config
 
@@ -45,7 +45,7 @@ def document_inputs(model, tokens_BT, eot_id: int | None) -> dict:
     segment ids, and their positions within each document under model.reset_positions."""
     if eot_id is None:
         return {}
-    segment_ids_BT, positions_BT = loader.document_segments(tokens_BT, eot_id)
+    segment_ids_BT, positions_BT = segments.document_segments(tokens_BT, eot_id)
     return {"segment_ids_BT": segment_ids_BT} | ({"positions_BT": positions_BT} if model.cfg.reset_positions else {})
 
 
