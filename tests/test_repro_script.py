@@ -127,13 +127,14 @@ def test_toy_post_ln_t_sweep_plots_loss_against_t_l_over_steps(tmp_path, tok_pat
 
 
 def test_toy_gpu_experiment_trains_the_scaled_arm_and_draws_the_mechanism(tmp_path, tok_path):
-    # The GPU experiment's own settings (Post-LN, bf16, diagnostics), shrunk by --toy to 2 layers of
-    # width 64 (from 512) and 4 steps: its first two arms are none and linear ProRes with updates x alpha.
-    run = subprocess.run(toy_command("gpu_postln", tmp_path, tok_path), capture_output=True, text=True, timeout=300)
+    # The GPU experiment's own settings (Experiment E's: Post-LN, diagnostics), shrunk by --toy to 2
+    # layers of width 64 (from 512) and 4 steps: its first two arms are none and linear ProRes with
+    # updates x alpha.
+    run = subprocess.run(toy_command("gpu_width", tmp_path, tok_path), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    runs = tmp_path / "runs" / "gpu_postln"
+    runs = tmp_path / "runs" / "gpu_width"
     config = json.loads((runs / "linear_alpha_s0" / "config.json").read_text())
-    assert (config["model"]["d_model"], config["model"]["norm"], config["model"]["dtype"]) == (64, "post", "bfloat16")
+    assert (config["model"]["d_model"], config["model"]["norm"], config["optim"]["lr"]) == (64, "post", 1e-3)
     assert config["model"]["seq_len"] == 16 and config["train"]["batch_size"] == 2  # the toy's, not the GPU's
     assert (config["prores"]["schedule"], config["prores"]["scale_updates"]) == ("linear", "alpha")
     lines = [json.loads(l) for l in (runs / "linear_alpha_s0" / "metrics.jsonl").read_text().splitlines()]
@@ -143,7 +144,7 @@ def test_toy_gpu_experiment_trains_the_scaled_arm_and_draws_the_mechanism(tmp_pa
     report = (tmp_path / "docs" / "RESULTS.md").read_text()
     assert "| linear_alpha | 1 / 0 / 0 |" in report
     assert "unscaled MLP branch ratio ||F|| / ||x|| (median over layers) at step T L / 2" in report
-    check_figure(tmp_path / "docs" / "prores_repro" / "gpu_postln" / "mechanism.png", (1800, 450),
+    check_figure(tmp_path / "docs" / "prores_repro" / "gpu_width" / "mechanism.png", (1800, 450),
                  [("tab:blue", 1.0, 20), ("tab:orange", 1.0, 20)])
 
 

@@ -193,30 +193,27 @@ def _depth_scaled(n_layer: int) -> Experiment:
     )
 
 
-# One GPU experiment, sized for about 15 minutes of one H200: Post-LN at depth 24 and width 512,
-# T L = 12x the LR warmup (the paper's ratio, 24,000 / 2,000 steps). Its runs are train.py on the
-# embedded corpus, so the machine needs the data stack (grain, tensorflow-datasets, array-record,
-# tokenizers), installed there first. Not yet run on a GPU: its size is a plan, not a measurement.
-GPU_POST_LN = Experiment(
-    name="gpu_postln",
-    title="GPU: Post-LN at depth 24, width 512, linear ProRes with and without update scaling",
-    config="depth:family=71m,layers=24",
-    # linear_alpha second: `--toy` (the first two arms) runs the scaled arm in the tests.
-    arms={k: _SCALED_ARMS[k] for k in ("none", "linear_alpha", "linear")},
-    common=("model.norm=post", "model.seq_len=256", "train.batch_size=32", "train.steps=3000",
-            "optim.lr=1e-3", "optim.warmup_steps=150", "prores.warmup=75", "model.dtype=bfloat16",
-            "model.remat=none", "train.eval_every=500", "train.eval_batches=16", "train.log_every=50",
-            "diagnostics.every=50", "diagnostics.spike_window=200", "train.sample_tokens=0", *_QUIET),
-    seeds=(0, 1, 2),
-    baseline="none",
-    paper="no published number: Experiment E's question at the paper's T L / warmup ratio on a GPU",
-    scale=("d_model 512, 8 heads, 24 Post-LN blocks, sequences of 256, batch 32, 3000 steps, bf16; "
-           "peak LR 1e-3 after 150 warmup steps, WSD; ProRes T = 75 (T L = 1800 = 12x the warmup)"),
+# The GPU experiment: is the CPU's Post-LN trap a small-width effect? Experiment E unchanged but for
+# the width (d_model 512, 8 heads), at its LR and at 3e-4, seed 0: 6 runs, 3 processes at once on one
+# GPU (XLA_PYTHON_CLIENT_PREALLOCATE=false). Its runs are train.py on the embedded corpus, so the
+# machine needs the data stack (grain, tensorflow-datasets, array-record, tokenizers). Its size (about
+# 6 minutes of one H200) is a plan, not yet a measurement.
+_WIDTH_ARMS = {k: _SCALED_ARMS[k] for k in ("none", "linear_alpha", "linear")}  # linear_alpha 2nd: --toy runs it
+GPU_WIDTH = dataclasses.replace(
+    SCALED_POST_LN,
+    name="gpu_width",
+    title="GPU: Experiment E at width 512 (8 heads), LR 1e-3 and 3e-4",
+    arms={**_WIDTH_ARMS, **{f"{k}_lr3e-4": (*v, "optim.lr=3e-4") for k, v in _WIDTH_ARMS.items()}},
+    common=(*SCALED_POST_LN.common, "model.d_model=512", "model.n_head=8"),
+    seeds=(0,),
+    paper="no published number: does Experiment E's trap (CPU, width 64) persist at width 512?",
+    scale=SCALED_POST_LN.scale + "; width 512 with 8 heads, seed 0; the _lr3e-4 arms at peak LR 3e-4 "
+          "(compare them with none_lr3e-4)",
 )
 
 EXPERIMENTS = {e.name: e for e in (ABLATION, STABILITY, T_SWEEP, POST_LN_T_SWEEP, SCALED_POST_LN,
                                    SCALED_POST_LN_LLAMA, SCALED_POST_LN_8X, SCALED_POST_LN_LONG, SCALED_TINY,
-                                   *(_depth_scaled(n) for n in (12, 24, 48)), GPU_POST_LN)}
+                                   *(_depth_scaled(n) for n in (12, 24, 48)), GPU_WIDTH)}
 
 # A few steps of a 2-layer model of width 64: the end-to-end test of the script, not an experiment.
 TOY_SETS = ("model.n_layer=2", "model.d_model=64", "train.steps=4", "train.batch_size=2", "model.seq_len=16",
