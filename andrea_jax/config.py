@@ -27,6 +27,7 @@ SCHEDULES = ("none", "linear", "linear_sqrt", "linear_square", "equal", "reverse
 UPDATE_SCALES = ("none", "alpha", "sqrt_alpha", "alpha_sq")  # prores.scale_updates: each block's update times this
 # model.depth_param: the branch multiplier's exponent a in (L / L0)^-a (andrea_jax.model.depth)
 DEPTH_PARAMS = {"sp": 0.0, "depth_mup": 0.5, "completep": 1.0}
+OPTIMIZERS = ("adamw", "muon")                           # optim.name (andrea_jax.train.optim)
 # Logical axis names of the model's arrays (andrea_jax.model.layers), which mesh.rules may map
 
 
@@ -131,7 +132,8 @@ class ProResConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 6e-4            # peak learning rate
+    name: str = "adamw"         # one of OPTIMIZERS: adamw, or muon (Muon for the blocks' matrices, AdamW for the rest)
+    lr: float = 6e-4            # peak learning rate (with muon: of the AdamW group)
     schedule: str = "cosine"    # cosine (warmup + cosine) or wsd (warmup-stable-decay)
     warmup_steps: int = 2000    # linear LR warmup, in steps (paper: 2000)
     min_lr_ratio: float = 0.1   # cosine: final LR as a fraction of the peak
@@ -152,17 +154,24 @@ class OptimConfig:
                                 # this many standard deviations is not applied (counted as skipped_spikes); 0 = off
     skip_spikes_window: int = 100  # the recent (applied) losses the spike test compares with; it acts once it holds
                                    # this many
+    muon_lr: float = 0.02       # muon: peak learning rate of the blocks' matrices, on optim.lr's schedule
+    muon_momentum: float = 0.95  # muon: Nesterov momentum of the matrices' gradients
+    muon_weight_decay: float = 0.0  # muon: decoupled decay of the matrices, times muon_lr as AdamW's is times lr
 
     def check(self) -> None:
-        _need(self.lr > 0 and math.isfinite(self.lr), "optim.lr", f"must be positive, got {self.lr}")
+        _one_of("optim.name", self.name, OPTIMIZERS, "optimizer")
+        for name in ("lr", "muon_lr"):
+            _need(getattr(self, name) > 0 and math.isfinite(getattr(self, name)), f"optim.{name}",
+                  f"must be positive, got {getattr(self, name)}")
         _need(self.schedule in ("cosine", "wsd"), "optim.schedule", f"must be cosine or wsd, got {self.schedule!r}")
         _need(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         _need(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         _need(0 < self.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
-        _need(0 <= self.b1 < 1, "optim.b1", f"must be in [0, 1), got {self.b1}")
-        _need(0 <= self.b2 < 1, "optim.b2", f"must be in [0, 1), got {self.b2}")
+        for name in ("b1", "b2", "muon_momentum"):
+            _need(0 <= getattr(self, name) < 1, f"optim.{name}", f"must be in [0, 1), got {getattr(self, name)}")
         _positive("optim", self, "eps", "clip_norm", "max_consecutive_skips")
-        _need(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        for name in ("weight_decay", "muon_weight_decay"):
+            _need(getattr(self, name) >= 0, f"optim.{name}", f"must be >= 0, got {getattr(self, name)}")
         _need(self.z_loss >= 0 and math.isfinite(self.z_loss), "optim.z_loss", f"must be >= 0, got {self.z_loss}")
         _need(self.skip_spikes >= 0 and math.isfinite(self.skip_spikes), "optim.skip_spikes",
               f"must be >= 0 (standard deviations; 0 = off), got {self.skip_spikes}")
@@ -378,6 +387,8 @@ def validate(config: Config) -> Config:
     _need(config.model.family != "llama" or config.kernels.impl in ("auto", "xla"), "kernels.impl",
           f"{config.kernels.impl} has no RMSNorm or SwiGLU kernels for model.family=llama; "
           "use kernels.impl=xla or auto")
+    _need(config.optim.name == "adamw" or config.model.depth_param == "sp", "optim.name",  # their rules are Adam's
+          f"muon has no rules for model.depth_param={config.model.depth_param}; use adamw or depth_param=sp")
     _need(config.data.document_mask or not config.model.reset_positions, "model.reset_positions",
           "restarts positions at each document, which needs data.document_mask=true")
     # cuDNN takes the document mask as an additive bias, which its training kernels support only

@@ -132,8 +132,11 @@ def _flat(config: dict) -> dict:
 
 
 def _changes_optimizer_tree(key: str, before: dict, after: dict) -> bool:
-    """Spike skipping keeps its window of losses in the optimizer state: switching it on or off,
-    or resizing its window while on, gives a state that no checkpoint of the run can restore into."""
+    """Another optimizer, or spike skipping (which keeps its window of losses in the optimizer
+    state) switched on or off or its window resized while on, gives a state that no checkpoint of
+    the run can restore into."""
+    if key == "optim.name":
+        return True
     on = lambda flat: bool(flat.get("optim.skip_spikes"))
     if key == "optim.skip_spikes":
         return on(before) != on(after)

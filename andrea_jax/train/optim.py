@@ -1,7 +1,7 @@
-"""AdamW with global-norm clipping and the learning-rate schedules, all from optax, behind a
-finiteness guard that can skip an update whose gradient is not finite (optim.skip_nonfinite),
-optionally behind a loss-spike guard (optim.skip_spikes) and followed by ProRes's per-block update
-scaling (prores.scale_updates)."""
+"""AdamW (or Muon with AdamW, train/muon.py) with global-norm clipping and the learning-rate
+schedules, all from optax, behind a finiteness guard that can skip an update whose gradient is not
+finite (optim.skip_nonfinite), optionally behind a loss-spike guard (optim.skip_spikes) and
+followed by ProRes's per-block update scaling (prores.scale_updates)."""
 from __future__ import annotations
 
 import functools
@@ -12,21 +12,24 @@ import jax.numpy as jnp
 import optax
 
 from andrea_jax.config import OptimConfig
+from andrea_jax.train import muon
 
 
-def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+def lr_schedule(cfg: OptimConfig, total_steps: int, peak: float | None = None) -> optax.Schedule:
+    """optim.schedule rising to `peak` (default optim.lr)."""
+    peak = cfg.lr if peak is None else peak
     warmup = min(cfg.warmup_steps, total_steps)
     if cfg.schedule == "cosine":
         return optax.warmup_cosine_decay_schedule(
-            init_value=0.0, peak_value=cfg.lr, warmup_steps=warmup,
-            decay_steps=max(total_steps, warmup + 1), end_value=cfg.lr * cfg.min_lr_ratio)
+            init_value=0.0, peak_value=peak, warmup_steps=warmup,
+            decay_steps=max(total_steps, warmup + 1), end_value=peak * cfg.min_lr_ratio)
     if cfg.schedule == "wsd":
         decay = max(1, int(round(total_steps * cfg.decay_fraction)))
         stable = max(0, total_steps - warmup - decay)
         return optax.join_schedules(
-            [optax.linear_schedule(0.0, cfg.lr, max(warmup, 1)),
-             optax.constant_schedule(cfg.lr),
-             optax.linear_schedule(cfg.lr, 0.0, decay)],
+            [optax.linear_schedule(0.0, peak, max(warmup, 1)),
+             optax.constant_schedule(peak),
+             optax.linear_schedule(peak, 0.0, decay)],
             boundaries=[warmup, warmup + stable])
     raise ValueError(f"unknown LR schedule {cfg.schedule!r}")
 
@@ -165,17 +168,19 @@ def spike_state(opt_state) -> SpikeState | None:
 def make(cfg: OptimConfig, total_steps: int, family: str = "gpt2",
          block_scales: Callable[[jax.Array], jax.Array] | None = None,
          n_layer: int | None = None) -> optax.GradientTransformation:
-    """The run's optimizer. family: model.family (its decay mask). block_scales: None (the paper's
+    """The run's optimizer: AdamW, or with optim.name=muon Muon for the blocks' matrices and AdamW
+    for the rest (andrea_jax.train.muon). family: model.family (its decay mask). block_scales: None (the paper's
     AdamW), or step -> [L] factors of the blocks' updates (scale_block_updates; `update` then
     needs step=): prores.scale_updates's factor times model.depth_param's hidden-LR factor, as
     andrea_jax.train.steps makes them. n_layer: model.n_layer, needed with optim.skip_spikes (`update` then needs
     loss=)."""
     mask = decay_mask if family == "gpt2" else functools.partial(decay_mask, family=family)
-    adamw = optax.chain(
-        optax.clip_by_global_norm(cfg.clip_norm),
-        optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                    weight_decay=cfg.weight_decay, mask=mask),
-    )
+    adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                        weight_decay=cfg.weight_decay, mask=mask)
+    if cfg.name == "muon":
+        adamw = muon.muon_and_adamw(lr_schedule(cfg, total_steps, cfg.muon_lr), cfg.muon_momentum,
+                                    cfg.muon_weight_decay, adamw)
+    adamw = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
     if block_scales is not None:
         adamw = scale_block_updates(adamw, block_scales)
     if cfg.skip_spikes:

@@ -149,8 +149,11 @@ def state_shardings(abstract_state, tx: optax.GradientTransformation, cfg: Confi
     params inside the optimizer state (Adam's moments) alike, all else (step, counts) replicated."""
     params = param_shardings(cfg, mesh)
     replicated = NamedSharding(mesh, P())
-    opt = optax.tree_map_params(tx, lambda _, s: s, abstract_state.opt_state, params,
-                                transform_non_params=lambda _: replicated)
+    # optax.partition (optim.name=muon) keeps each group's copy of the params with the other
+    # group's leaves as MaskedNode, which stay as they are.
+    masked = lambda x: isinstance(x, optax.MaskedNode)
+    opt = optax.tree_map_params(tx, lambda v, s: v if masked(v) else s, abstract_state.opt_state, params,
+                                transform_non_params=lambda _: replicated, is_leaf=masked)
     return abstract_state.replace(step=replicated, params=params, opt_state=opt)
 
 

@@ -29,3 +29,13 @@ POST_LN_COMMON = ("model.norm=post", "optim.lr=1e-3", "optim.warmup_steps=150", 
 # of 100k), LR 2e-3 (71M, 130M) and T L = 12x the warmup: T = 15, T L = 360.
 PAPER_PROTOCOL = ("optim.lr=1e-3", "optim.warmup_steps=150", "prores.warmup=12")
 SCRIPTS_PROTOCOL = ("optim.lr=2e-3", "optim.warmup_steps=30", "prores.warmup=15")
+
+# Muon against AdamW (m_muon_*.py): `tiny` (4 Pre-LN blocks, width 128; 600 steps of 16 x 128
+# tokens, LR 3e-3 after 30 steps) and Experiment E's recipe (POST_LN_*, schedule none), both on
+# this corpus, validated on 32 batches. Muon's AdamW group (embeddings, norms, biases) keeps the
+# recipe's optim.lr.
+TINY_CONFIG = "tiny"
+TINY_COMMON = ("train.eval_every=300", "train.eval_batches=32", "train.sample_tokens=0", "train.checkpoint_every=300",
+               "diagnostics.tensorboard=false", *ON_THE_DOC_CORPUS)
+MUON_GRID_SEEDS = (100,)            # the grid's seed: none of the paired comparison's
+MUON_SEEDS = (0, 1, 2, 3, 4)

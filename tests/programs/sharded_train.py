@@ -6,6 +6,8 @@ Run by tests/test_sharding.py in a subprocess (the rest of the suite sees one de
   parameters of one device; the params and Adam moments are sharded as the rules say; under
   fsdp=8 a device holds 1/8 of the state (plus the replicated vectors); 1, 2 and 4 microbatches
   agree, sharded or not.
+- muon: optim.name=muon on meshes (1,8,1) and (2,2,2) gives the losses and parameters of one
+  device, with Muon's momentum sharded like its matrix (Newton-Schulz on split matrices).
 - hlo: with the Pallas kernels (per row shard) the compiled step has exactly the collectives of
   XLA's own path, neither moves activations between layouts (no all-gather, all-to-all or
   collective-permute of an activation), and both compute the same step.
@@ -202,6 +204,27 @@ def hlo():
     print("ALL OK hlo", flush=True)
 
 
+def muon():
+    cfg0 = dataclasses.replace(CFG, optim=dataclasses.replace(CFG.optim, name="muon", muon_lr=0.02))
+    batches = [np.asarray(jax.random.randint(jax.random.key(i), (16, 33), 0, 300), np.int32) for i in range(3)]
+    one_cfg = configure(cfg0, (1, 1, 1))
+    ref_losses, ref_state, _, _ = run(one_cfg, steps.make_mesh(one_cfg, jax.devices()[:1]), batches)
+    ref_params = jax.device_get(ref_state.params)
+    for shape in [(1, 8, 1), (2, 2, 2)]:
+        cfg = configure(cfg0, shape)
+        mesh = steps.make_mesh(cfg)
+        losses, state, _, _ = run(cfg, mesh, batches)
+        params = keyed(state.params)
+        momenta = {k: a for k, a in keyed(state.opt_state).items() if "'muon'" in k and ".mu[" in k}
+        assert len(momenta) == 4, sorted(momenta)
+        for key, a in momenta.items():
+            owner = [k for k in params if key.endswith(k)][0]
+            assert a.sharding.is_equivalent_to(params[owner].sharding, a.ndim), (shape, key, a.sharding.spec)
+        assert_same(losses, state.params, ref_losses, ref_params, f"muon mesh {shape}")
+        print(f"OK muon mesh {shape} == one device", losses, flush=True)
+    print("ALL OK muon", flush=True)
+
+
 if __name__ == "__main__":
     assert jax.device_count() == 8, jax.devices()
-    {"equal": equal, "hlo": hlo}[sys.argv[1] if len(sys.argv) > 1 else "equal"]()
+    {"equal": equal, "hlo": hlo, "muon": muon}[sys.argv[1] if len(sys.argv) > 1 else "equal"]()
