@@ -3,6 +3,7 @@ model, trained in 2 processes; then the report, summary.json and figures, and a 
 both runs done and trains nothing."""
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -130,8 +131,16 @@ def test_toy_gpu_experiment_trains_the_scaled_arm_and_draws_the_mechanism(tmp_pa
     # The GPU experiment's own settings (Experiment E's: Post-LN, diagnostics), shrunk by --toy to 2
     # layers of width 64 (from 512) and 4 steps: its first two arms are none and linear ProRes with
     # updates x alpha.
-    run = subprocess.run(toy_command("gpu_width", tmp_path, tok_path), capture_output=True, text=True, timeout=300)
+    # Run as the GPU machine runs it (scripts/gpu_width.sh), which reports each run as it ends.
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs"), "PYTHON": sys.executable}
+    sets = toy_command("gpu_width", tmp_path, tok_path)[-4:]  # the toy's vocabulary and tokenizer
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_width.sh"), "--smoke", *sets],
+                         capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
+    finished = [json.loads(line) for line in (tmp_path / "out" / "gpu_width_runs.jsonl").read_text().splitlines()]
+    assert sorted(r["run"] for r in finished) == ["linear_alpha_s0", "none_s0"]
+    assert all(r["outcome"] == "finished" and r["step"] == 4 and math.isfinite(r["val_loss"]) for r in finished)
+    assert (tmp_path / "out" / "RESULTS.md").read_text() == (tmp_path / "runs" / "report" / "RESULTS.md").read_text()
     runs = tmp_path / "runs" / "gpu_width"
     config = json.loads((runs / "linear_alpha_s0" / "config.json").read_text())
     assert (config["model"]["d_model"], config["model"]["norm"], config["optim"]["lr"]) == (64, "post", 1e-3)
@@ -141,10 +150,10 @@ def test_toy_gpu_experiment_trains_the_scaled_arm_and_draws_the_mechanism(tmp_pa
     diag = [l for l in lines if "update_ratio" in l]
     assert diag and all(len(l["update_ratio"]) == len(l["mlp_branch_ratio"]) == 2 for l in diag)
     assert diag[0]["update_ratio"] == [0.0, 0.0]  # step 1: alpha 0 everywhere (and the LR warmup starts at 0)
-    report = (tmp_path / "docs" / "RESULTS.md").read_text()
+    report = (tmp_path / "runs" / "report" / "RESULTS.md").read_text()
     assert "| linear_alpha | 1 / 0 / 0 |" in report
     assert "unscaled MLP branch ratio ||F|| / ||x|| (median over layers) at step T L / 2" in report
-    check_figure(tmp_path / "docs" / "prores_repro" / "gpu_width" / "mechanism.png", (1800, 450),
+    check_figure(tmp_path / "runs" / "report" / "prores_repro" / "gpu_width" / "mechanism.png", (1800, 450),
                  [("tab:blue", 1.0, 20), ("tab:orange", 1.0, 20)])
 
 

@@ -74,6 +74,12 @@ def _classify(workdir: pathlib.Path, returncode: int, steps: int) -> str:
     return "diverged" if "non-finite" in log else "failed"
 
 
+def _python_path(code: pathlib.Path) -> str:
+    """The frozen code first, then what the caller's PYTHONPATH holds (packages installed beside
+    the interpreter's, as the GPU machine's carried wheels are)."""
+    return os.pathsep.join(p for p in (str(code), os.environ.get("PYTHONPATH", "")) if p)
+
+
 COMMAND = "command.txt"  # a run's command, written when it starts: what a resumed run must match
 
 
@@ -90,7 +96,7 @@ def train_one(command: list, workdir: pathlib.Path, code: pathlib.Path, steps: i
     start, started = time.perf_counter(), time.time()
     with (workdir / "train.log").open("a" if resume else "w") as log:
         rc = subprocess.run(command, cwd=code, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(code), **(env or {})}).returncode
+                            env={**os.environ, "PYTHONPATH": _python_path(code), **(env or {})}).returncode
     result = {"command": shlex.join(command[1:]), "returncode": rc, "seconds": time.perf_counter() - start,
               "outcome": _classify(workdir, rc, steps),
               # where and when it ran: which GPUs it held, and the wall-clock span they were held

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Experiment gpu_width on one GPU (docs/RESULTS.md, andrea_jax/repro/experiments.py: GPU_WIDTH):
+# Experiment E at width 512, 6 runs, 3 processes at once. As each run ends, its outcome, time and
+# final losses are appended to $OUT/gpu_width_runs.jsonl, so a call cut short keeps what finished;
+# at the end the report (RESULTS.md, summary.json) goes to $OUT too.
+#
+#   bash scripts/gpu_wheels.sh        # here, once: the data stack's wheels into .whl/
+#   device run, carry [".whl"]:  bash scripts/gpu_width.sh
+#   bash scripts/gpu_width.sh --smoke [--set K=V ...]  # on a CPU: the toy form (2 arms, 1 seed, a few steps)
+set -u
+cd "$(dirname "$0")/.."
+out="${OUT:-gpu_width_results}"
+runs="${RUNS:-/tmp/gpu_width_runs}"
+py="${PYTHON:-python3}"
+mkdir -p "$out" "$runs"
+if ! "$py" -c "import grain, tensorflow_datasets" 2> /dev/null; then  # the GPU image has neither
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if [ "${1:-}" = "--smoke" ]; then
+  export JAX_PLATFORMS=cpu
+  args=(--toy --jobs 1 "${@:2}")
+else
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false  # three processes share the GPU
+  args=(--jobs 3)
+  nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
+fi
+
+report_finished() {  # one line per run that has a result.json and no line yet
+  for result in "$runs"/gpu_width/*/result.json; do
+    [ -f "$result" ] || continue
+    "$py" - "$result" "$out/gpu_width_runs.jsonl" <<'PY'
+import json, pathlib, sys
+result, lines = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+run = result.parent.name
+if lines.is_file() and any(json.loads(l)["run"] == run for l in lines.read_text().splitlines()):
+    sys.exit()
+r = json.loads(result.read_text())
+metrics = [json.loads(l) for l in (result.parent / "metrics.jsonl").read_text().splitlines()] \
+    if (result.parent / "metrics.jsonl").is_file() else []
+last = next((m for m in reversed(metrics) if "val_loss" in m), {})
+line = {"run": run, "outcome": r["outcome"], "seconds": round(r["seconds"], 1), "step": last.get("step"),
+        "loss": last.get("loss"), "val_loss": last.get("val_loss")}
+with lines.open("a") as f:
+    f.write(json.dumps(line) + "\n")
+print("finished:", json.dumps(line), flush=True)
+PY
+  done
+}
+
+"$py" scripts/reproduce_prores.py --experiment gpu_width --runs "$runs" --out "$runs/report" "${args[@]}" \
+  > "$out/gpu_width.log" 2>&1 &
+pid=$!
+while kill -0 "$pid" 2> /dev/null; do
+  sleep 10
+  report_finished
+done
+wait "$pid"; rc=$?
+report_finished
+cp "$runs/report/RESULTS.md" "$out/RESULTS.md" 2> /dev/null
+cp "$runs/report/prores_repro/summary.json" "$out/summary.json" 2> /dev/null
+tail -5 "$out/gpu_width.log"
+exit "$rc"
