@@ -39,3 +39,14 @@ TINY_COMMON = ("train.eval_every=300", "train.eval_batches=32", "train.sample_to
                "diagnostics.tensorboard=false", *ON_THE_DOC_CORPUS)
 MUON_GRID_SEEDS = (100,)            # the grid's seed: none of the paired comparison's
 MUON_SEEDS = (0, 1, 2, 3, 4)
+
+
+def muon_against_adamw(name: str, config: str, common: tuple, adamw_lrs, muon_lrs, baseline_lr: str,
+                       seeds=MUON_GRID_SEEDS, arm=()):
+    """A Sweep of AdamW at each of `adamw_lrs` (optim.lr) and Muon at each of `muon_lrs`
+    (optim.muon_lr), every run with the overrides `arm`, paired against AdamW at `baseline_lr`."""
+    from andrea_jax.repro.sweep import Sweep
+    return Sweep(name=name, config=config, axes={},
+                 arms={**{f"adamw_lr{lr}": (*arm, f"optim.lr={lr}") for lr in adamw_lrs},
+                       **{f"muon_lr{lr}": (*arm, "optim.name=muon", f"optim.muon_lr={lr}") for lr in muon_lrs}},
+                 baseline=f"adamw_lr{baseline_lr}", seeds=seeds, common=common)
