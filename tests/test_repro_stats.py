@@ -1,5 +1,6 @@
 """The reproduction's statistics (andrea_jax/repro/stats.py, summarize.grad_ratio) on data whose
 answer is known by hand."""
+import json
 import math
 
 import numpy as np
@@ -89,3 +90,22 @@ def test_growth_shape_tells_linear_from_exponential():
     assert linear["linear_r2"] == pytest.approx(1.0) and linear["linear_r2"] > linear["exponential_r2"]
     assert exponential["exponential_r2"] == pytest.approx(1.0)
     assert exponential["exponential_r2"] > exponential["linear_r2"]
+
+
+def test_the_unigram_plateau_of_a_run_on_a_prepared_dataset_is_that_of_its_own_tokens(tmp_path):
+    from andrea_jax.data import shard_writer, token_cache, token_shards, tokenizer as tokenizer_lib
+    from andrea_jax.repro import report
+    tok = tokenizer_lib.train(["to be or not to be, that is the question"] * 20, vocab_size=270)
+    folder = tmp_path / "prepared"
+    folder.mkdir()
+    # training tokens uniform over 0..49, the held-out tail only 0..9: a plateau of its own
+    ids = np.concatenate([np.random.default_rng(0).integers(0, 50, 1800), np.arange(200) % 10]).astype(np.uint16)
+    marker = shard_writer.write_shard(folder, token_shards.shard_file(0, 1), [(ids, np.array([2000]))], np.uint16,
+                                      {"tokenizer": token_cache.tokenizer_hash(tok)})
+    shard_writer.write_manifest(folder, [marker], tokenizer=token_cache.tokenizer_hash(tok))
+    tok.save(str(folder / "tokenizer.json"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"data": {"source": "prepared", "path": str(folder),
+                                                          "val_fraction": 0.1}}))
+    assert report.unigram_plateau(run) == stats.unigram_cross_entropy(ids[:1800], ids[1800:], 270)

@@ -24,14 +24,27 @@ ESCAPE_MARGIN = 0.5
 CORPUS = pathlib.Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt"
 
 
-def unigram_plateau(workdir: pathlib.Path, val_fraction: float = 0.05) -> dict:
-    """The unigram cross-entropy of the run's validation tokens, tokenized with the run's own
-    tokenizer (the embedded corpus, one document, end-of-text id 0 after it, as the pipeline does)."""
+def unigram_plateau(workdir: pathlib.Path, val_fraction: float = 0.05) -> dict | None:
+    """The unigram cross-entropy of the run's validation tokens under its training tokens' counts,
+    split as the pipeline splits them (the last data.val_fraction held out): a prepared dataset's
+    tokens (data.source=prepared), else the embedded corpus tokenized with the run's own tokenizer
+    (one document, end-of-text id 0 after it)."""
     from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(Workdir(workdir).tokenizer))
-    ids = tok.encode(CORPUS.read_text()).ids + [0]
+    run = Workdir(workdir)
+    data = json.loads(run.config.read_text()).get("data", {}) if run.config.is_file() else {}
+    val_fraction = data.get("val_fraction", val_fraction)
+    if data.get("source") == "prepared":
+        if data.get("mixture") or not pathlib.Path(data["path"]).is_dir():
+            return None  # several datasets, or one in a bucket: no one plateau to draw
+        from andrea_jax.data import token_shards
+        tokens = token_shards.ShardedTokens.open(data["path"])
+        ids = np.asarray(tokens[0:len(tokens)])
+        vocab = Tokenizer.from_file(str(pathlib.Path(data["path"]) / "tokenizer.json")).get_vocab_size()
+    else:
+        tok = Tokenizer.from_file(str(run.tokenizer))
+        ids, vocab = tok.encode(CORPUS.read_text()).ids + [0], tok.get_vocab_size()
     n_val = int(len(ids) * val_fraction)
-    return stats.unigram_cross_entropy(ids[: len(ids) - n_val], ids[len(ids) - n_val:], tok.get_vocab_size())
+    return stats.unigram_cross_entropy(ids[: len(ids) - n_val], ids[len(ids) - n_val:], vocab)
 
 
 def machine() -> str:
