@@ -155,13 +155,21 @@ def test_experiments_a_to_d_are_specs_that_plan_the_reproductions_runs(name):
         assert runs["ablation/precheck/none_s0"][2] == 150
 
 
-@pytest.mark.parametrize("out, runs", [("docs", "runs/prores_repro"), ("docs/scaled", "runs/scaled"),
-                                       ("docs/depth_scaled", "runs/depth")])
-def test_kept_reports_regenerate_byte_for_byte_from_their_summaries(out, runs, monkeypatch):
+# (report folder, the runs it names, the sweep spec whose groups it holds: None for the reproduction's)
+KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scaled", None),
+                ("docs/depth_scaled", "runs/depth", None),
+                *[(f"docs/muon/{name}", f"runs/sweeps/m_muon_{name}", f"scripts/sweeps/m_muon_{name}.py")
+                  for name in ("grid_postln", "grid_tiny", "postln", "tiny")
+                  if (ROOT / "docs" / "muon" / name / "RESULTS.md").is_file()]]
+
+
+@pytest.mark.parametrize("out, runs, spec", KEPT_REPORTS, ids=[k[0] for k in KEPT_REPORTS])
+def test_kept_reports_regenerate_byte_for_byte_from_their_summaries(out, runs, spec, monkeypatch):
     from andrea_jax.repro import report
     monkeypatch.chdir(ROOT)  # the report names its folders relative to the working directory
     summary = json.loads((ROOT / out / "prores_repro" / "summary.json").read_text())
-    assert report.markdown(summary, ROOT / out, runs, list(experiments.EXPERIMENTS)) == (ROOT / out / "RESULTS.md").read_text()
+    known = list(experiments.EXPERIMENTS) if spec is None else list(sweep_lib.groups(sweep_lib.load_spec(spec)))
+    assert report.markdown(summary, ROOT / out, runs, known) == (ROOT / out / "RESULTS.md").read_text()
 
 
 def test_each_run_holds_its_own_gpus_while_it_runs(tmp_path, monkeypatch):

@@ -218,8 +218,8 @@ def experiment_section(name: str, s: dict) -> list:
             "column, [min..max]-like at small n (it excludes 0 whenever the pairs share a sign). "
             "Grad ratio: |grad block 1| / |grad block L|, geometric mean over the diagnostic steps.", "",
             "| arm | finished / diverged / failed | escaped | final val loss | best val loss | "
-            "final − none [paired-t 95%] | final − none, bootstrap [min..max]-like at small n | "
-            "best − none [paired-t 95%] | spike score | max resid RMS | RMS L / 1 | "
+            f"final − {s['baseline']} [paired-t 95%] | final − {s['baseline']}, bootstrap [min..max]-like at small n | "
+            f"best − {s['baseline']} [paired-t 95%] | spike score | max resid RMS | RMS L / 1 | "
             "grad ratio |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, a in s["arms"].items():
