@@ -1,5 +1,6 @@
 """The research sweeps in scripts/sweeps/: every spec loads and every run's config validates, each
 experiment has the recipe and seed count its docstring states, and one runs at a toy size."""
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -13,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPECS = sorted(p for p in (ROOT / "scripts" / "sweeps").glob("*.py") if not p.name.startswith("_"))
 # name -> (the fewest seeds, the arms or groups it must hold)
 QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "i_postln_lr": 4, "j_sandwich": 4, "j_weight_decay": 3,
-             "k_postln_dose": 3, "k_postln_dose_scripts": 3, "g_depth_again": 5}
+             "k_postln_dose": 3, "k_postln_dose_scripts": 3, "g_depth_again": 5, "m_muon_tiny": 5, "m_muon_postln": 5}
 
 
 @pytest.fixture(autouse=True)
@@ -68,3 +69,13 @@ def test_experiment_h_runs_at_a_toy_size(tmp_path, tok_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert sorted(p.parent.name for p in runs.rglob("result.json")) == ["none_s0", "none_warmup312_s0"]
+
+
+def test_the_muon_comparisons_pair_the_two_optimizers_on_one_recipe_and_fresh_seeds():
+    load = lambda name: list(sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / f"{name}.py"))).values())
+    for recipe, norm in [("tiny", "pre"), ("postln", "post")]:
+        (exp,), (grid,) = load(f"m_muon_{recipe}"), load(f"m_muon_grid_{recipe}")
+        adamw, muon = (resolved(f"m_muon_{recipe}", arm) for arm in exp.arms)
+        assert (adamw.optim.name, muon.optim.name) == ("adamw", "muon") and exp.baseline == list(exp.arms)[0]
+        assert dataclasses.replace(muon, optim=adamw.optim) == adamw, "the arms differ in more than the optimizer"
+        assert muon.model.norm == norm and not set(exp.seeds) & set(grid.seeds), "stage 2 reuses the grid's seed"
