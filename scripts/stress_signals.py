@@ -28,7 +28,8 @@ SETTINGS = ["train.eval_batches=1", "train.batch_size=4", "train.sample_tokens=0
             "train.eval_every=100", "train.checkpoint_every=100", "model.vocab_size=300"]
 PROGRAMS = ROOT / "tests" / "programs"
 SLOW_SAVE = PROGRAMS / "slow_save_train.py"  # a checkpoint save that takes 10 minutes
-IGNORING_SIGINT = [sys.executable, str(PROGRAMS / "sigint_ignored.py")]
+IGNORING_SIGINT = [sys.executable, str(PROGRAMS / "with_sigint.py"), "ignore"]
+DEFAULT_SIGINT = [sys.executable, str(PROGRAMS / "with_sigint.py"), "default"]
 
 
 def tokenizer(folder: pathlib.Path) -> pathlib.Path:
@@ -100,7 +101,7 @@ def main() -> int:
         ok = 0
         for i in range(1, args.runs + 1):
             code, seconds, last = one_run(base / f"run{i}", tok, signum,
-                                          IGNORING_SIGINT if args.sigint_ignored else ())
+                                          IGNORING_SIGINT if args.sigint_ignored else DEFAULT_SIGINT)
             good = code == 128 + signum and seconds < LIMIT_S
             ok += good
             print(f"run {i:2d}: {'ok  ' if good else 'FAIL'} exit {code} {seconds:6.3f} s after the second "

@@ -10,8 +10,10 @@ from andrea_jax import model as model_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "tests" / "programs"
-# A command prefix: what follows runs with SIGINT ignored (tests/programs/sigint_ignored.py).
-IGNORING_SIGINT = [sys.executable, str(PROGRAMS / "sigint_ignored.py")]
+# Command prefixes: what follows runs with SIGINT ignored, or at its default, whatever the test
+# runner's own disposition is (tests/programs/with_sigint.py).
+IGNORING_SIGINT = [sys.executable, str(PROGRAMS / "with_sigint.py"), "ignore"]
+DEFAULT_SIGINT = [sys.executable, str(PROGRAMS / "with_sigint.py"), "default"]
 
 
 def perturbed_params(cfg, seed=0, scale=0.1):

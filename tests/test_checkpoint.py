@@ -203,6 +203,8 @@ def expected_kind(key: str) -> str:
         return "free"
     if key == "optim.skip_spikes":  # from off to on: the optimizer state gains its window of losses
         return "identity"
+    if key == "optim.name":  # another optimizer's state
+        return "identity"
     if section in ("model", "prores", "data") or key in ("train.seed", "train.batch_size"):
         return "identity"   # refused, whatever is confirmed
     if section == "optim" or key == "train.steps":

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from _helpers import IGNORING_SIGINT
+from _helpers import DEFAULT_SIGINT, IGNORING_SIGINT
 from test_multihost import ROOT
 
 NAMES = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
@@ -170,12 +170,12 @@ def test_a_second_signal_to_another_thread_stops_a_main_thread_blocked_in_a_lock
     stopped_by(proc, signum, seconds_to_exit(proc, kick))
 
 
-@pytest.mark.parametrize("prefix", [(), IGNORING_SIGINT], ids=["default", "sigint-ignored"])
+@pytest.mark.parametrize("prefix", [DEFAULT_SIGINT, IGNORING_SIGINT], ids=["default", "sigint-ignored"])
 def test_a_second_sigint_stops_a_program_whose_cleanup_is_stuck(tmp_path, reaped, prefix):
     proc = start(tmp_path, STUCK_CLEANUP, prefix=prefix)
     reaped.append(proc)
     wait_for_text(proc, "working")
-    assert f"SIGINT ignored: {bool(prefix)}" in output(proc)  # as inherited, before main installed its own
+    assert f"SIGINT ignored: {prefix is IGNORING_SIGINT}" in output(proc)  # as inherited, before main installed its own
     os.kill(proc.pid, signal.SIGINT)
     wait_for_text(proc, "cleaning up")
     still_running_after_the_first(proc)
