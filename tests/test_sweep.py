@@ -159,7 +159,9 @@ def test_experiments_a_to_d_are_specs_that_plan_the_reproductions_runs(name):
 KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scaled", None),
                 ("docs/depth_scaled", "runs/depth", None),
                 *[(f"docs/muon/{name}", f"runs/sweeps/m_muon_{name}", f"scripts/sweeps/m_muon_{name}.py")
-                  for name in ("grid_postln", "grid_tiny", "postln", "tiny")]]
+                  for name in ("grid_postln", "grid_tiny", "postln", "tiny")],
+                *[(f"docs/h/{name}", f"runs/sweeps/h_{name}", f"scripts/sweeps/h_{name}.py")
+                  for name in ("prores_or_warmup", "depth_params")]]
 
 
 @pytest.mark.parametrize("out, runs, spec", KEPT_REPORTS, ids=[k[0] for k in KEPT_REPORTS])

@@ -13,7 +13,7 @@ from andrea_jax.repro import sweep as sweep_lib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPECS = sorted(p for p in (ROOT / "scripts" / "sweeps").glob("*.py") if not p.name.startswith("_"))
 # name -> (the fewest seeds, the arms or groups it must hold)
-QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "i_postln_lr": 4, "j_sandwich": 4, "j_weight_decay": 3,
+QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "h_lr_control": 5, "i_postln_lr": 4, "j_sandwich": 4, "j_weight_decay": 3,
              "k_postln_dose": 3, "k_postln_dose_scripts": 3, "g_depth_again": 5, "m_muon_tiny": 5, "m_muon_postln": 5}
 
 
@@ -79,3 +79,13 @@ def test_the_muon_comparisons_pair_the_two_optimizers_on_one_recipe_and_fresh_se
         assert (adamw.optim.name, muon.optim.name) == ("adamw", "muon") and exp.baseline == list(exp.arms)[0]
         assert dataclasses.replace(muon, optim=adamw.optim) == adamw, "the arms differ in more than the optimizer"
         assert muon.model.norm == norm and not set(exp.seeds) & set(grid.seeds), "stage 2 reuses the grid's seed"
+
+
+def test_j_sandwich_differs_from_experiment_h_only_in_the_norm_placement():
+    # its Pre-LN side is H's own runs, so the two must be one recipe but for model.norm
+    for arm in ("none", "linear"):
+        sandwich, pre = resolved("j_sandwich", arm), resolved("h_prores_or_warmup", arm)
+        assert sandwich.model.norm == "sandwich" and pre.model.norm == "pre"
+        assert dataclasses.replace(sandwich, model=dataclasses.replace(sandwich.model, norm="pre")) == pre
+    assert set(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "j_sandwich.py")).seeds) <= \
+        set(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "h_prores_or_warmup.py")).seeds)
