@@ -91,7 +91,8 @@ def table(baseline: dict, rows: list[dict], metric: str) -> str:
     """The rows as a markdown table under a line naming the baseline and its mean."""
     base_mean = stats.describe(r.get(metric) for r in baseline["seeds"].values())["mean"]
     lines = [f"baseline {baseline['name']}: mean {metric} {base_mean:.3f}", "",
-             "| arm | mean | arm − baseline [paired t 95%] | n | sign-flip p (smallest n allows) | differs from the baseline in |",
+             "| arm | mean | arm − baseline [paired t 95%] | n | sign-flip p (smallest n allows) "
+             "| differs from the baseline in |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['arm']} | {r['mean']:.3f} | {r['mean_diff']:+.3f} [{r['t_lo']:+.3f}, {r['t_hi']:+.3f}] "
