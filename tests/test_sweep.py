@@ -162,7 +162,8 @@ KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scale
                   for name in ("grid_postln", "grid_tiny", "postln", "tiny")],
                 *[(f"docs/h/{name}", f"runs/sweeps/h_{name}", f"scripts/sweeps/h_{name}.py")
                   for name in ("prores_or_warmup", "depth_params", "lr_control")],
-                ("docs/j/sandwich", "runs/sweeps/j_sandwich", "scripts/sweeps/j_sandwich.py")]
+                ("docs/j/sandwich", "runs/sweeps/j_sandwich", "scripts/sweeps/j_sandwich.py"),
+                ("docs/k/paper_protocol", "runs/sweeps/k_postln_dose", "scripts/sweeps/k_postln_dose.py")]
 
 
 @pytest.mark.parametrize("out, runs, spec", KEPT_REPORTS, ids=[k[0] for k in KEPT_REPORTS])
