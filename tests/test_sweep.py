@@ -162,7 +162,8 @@ KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scale
                   for name in ("grid_postln", "grid_tiny", "postln", "tiny")],
                 *[(f"docs/h/{name}", f"runs/sweeps/h_{name}", f"scripts/sweeps/h_{name}.py")
                   for name in ("prores_or_warmup", "depth_params", "lr_control")],
-                ("docs/j/sandwich", "runs/sweeps/j_sandwich", "scripts/sweeps/j_sandwich.py"),
+                *[(f"docs/j/{name}", f"runs/sweeps/j_{name}", f"scripts/sweeps/j_{name}.py")
+                  for name in ("sandwich", "weight_decay")],
                 ("docs/k/paper_protocol", "runs/sweeps/k_postln_dose", "scripts/sweeps/k_postln_dose.py")]
 
 
