@@ -53,8 +53,8 @@ def settings(command: str) -> dict:
 
 
 def differences(arm: dict, baseline: dict) -> list[str]:
-    """KEY=ARM_VALUE (baseline BASELINE_VALUE) for every setting of the arm's first paired seed that
-    is not the baseline's; it raises if the arm's own seeds differ among themselves."""
+    """KEY=ARM_VALUE (baseline BASELINE_VALUE) for every setting in which the arm's runs differ from
+    the baseline's; it raises if the arm's own runs differ among themselves."""
     mine = [settings(r["command"]) for r in arm["seeds"].values()]
     if any(m != mine[0] for m in mine):
         raise ConfigError(f"{arm['name']}: its runs differ in more than the seed")
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         rows = compare_arms(baseline, [load_arm(a) for a in args.arms], args.metric)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     print(table(baseline, rows, args.metric))
     return 0
 
