@@ -109,3 +109,16 @@ def test_the_unigram_plateau_of_a_run_on_a_prepared_dataset_is_that_of_its_own_t
     (run / "config.json").write_text(json.dumps({"data": {"source": "prepared", "path": str(folder),
                                                           "val_fraction": 0.1}}))
     assert report.unigram_plateau(run) == stats.unigram_cross_entropy(ids[:1800], ids[1800:], 270)
+
+
+def test_the_machine_line_names_the_cpu_its_widest_vector_isa_and_jax(tmp_path):
+    # a run repeats bit for bit only on a like machine, so a report must say which it ran on
+    import importlib.metadata
+    import os
+    from andrea_jax.repro import report
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    jax = importlib.metadata.version("jax")
+    assert report.machine(cpuinfo) == f"{os.cpu_count()} CPU cores (AMD EPYC, AVX2), Linux, jax {jax}"
+    cpuinfo.write_text("model name\t: Intel Xeon\nflags\t\t: avx avx2 avx512f avx512bw\n")
+    assert report.machine(cpuinfo).startswith(f"{os.cpu_count()} CPU cores (Intel Xeon, AVX-512), ")

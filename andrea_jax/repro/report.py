@@ -8,6 +8,7 @@ the numbers, so rerunning the script never loses them.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -47,14 +48,19 @@ def unigram_plateau(workdir: pathlib.Path, val_fraction: float = 0.05) -> dict |
     return stats.unigram_cross_entropy(ids[: len(ids) - n_val], ids[len(ids) - n_val:], vocab)
 
 
-def machine() -> str:
-    model = ""
-    cpuinfo = pathlib.Path("/proc/cpuinfo")
+def machine(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> str:
+    """The CPU, its widest vector instructions and jax's version: a run repeats bit for bit only
+    where all three match, so a report names them."""
+    model, isa = "", ""
     if cpuinfo.is_file():
-        model = next((l.split(":", 1)[1].strip() for l in cpuinfo.read_text().splitlines()
-                      if l.startswith("model name")), "")
+        lines = cpuinfo.read_text().splitlines()
+        model = next((l.split(":", 1)[1].strip() for l in lines if l.startswith("model name")), "")
+        flags = set(next((l.split(":", 1)[1].split() for l in lines if l.startswith("flags")), []))
+        isa = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"))
+                    if flag in flags), "")
     model = model or platform.processor() or platform.machine()
-    return f"{os.cpu_count()} CPU cores ({model}), {platform.system()}"
+    return (f"{os.cpu_count()} CPU cores ({', '.join(filter(None, (model, isa)))}), {platform.system()}, "
+            f"jax {importlib.metadata.version('jax')}")
 
 
 def grad_ratio_by_step(workdirs, picks: int = 7) -> dict:
