@@ -164,7 +164,9 @@ KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scale
                   for name in ("prores_or_warmup", "depth_params", "lr_control")],
                 *[(f"docs/j/{name}", f"runs/sweeps/j_{name}", f"scripts/sweeps/j_{name}.py")
                   for name in ("sandwich", "weight_decay")],
-                ("docs/k/paper_protocol", "runs/sweeps/k_postln_dose", "scripts/sweeps/k_postln_dose.py")]
+                ("docs/k/paper_protocol", "runs/sweeps/k_postln_dose", "scripts/sweeps/k_postln_dose.py"),
+                *[(f"docs/i/{name}", f"runs/sweeps/i_{name}", f"scripts/sweeps/i_{name}.py")
+                  for name in ("postln_lr", "postln_lr_low")]]
 
 
 @pytest.mark.parametrize("out, runs, spec", KEPT_REPORTS, ids=[k[0] for k in KEPT_REPORTS])

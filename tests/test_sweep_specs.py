@@ -1,6 +1,8 @@
 """The research sweeps in scripts/sweeps/: every spec loads and every run's config validates, each
 experiment has the recipe and seed count its docstring states, and one runs at a toy size."""
 import dataclasses
+import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -8,12 +10,13 @@ import sys
 import pytest
 
 from andrea_jax import config as config_lib, configs
+from andrea_jax.errors import ConfigError
 from andrea_jax.repro import sweep as sweep_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPECS = sorted(p for p in (ROOT / "scripts" / "sweeps").glob("*.py") if not p.name.startswith("_"))
 # name -> (the fewest seeds, the arms or groups it must hold)
-QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "h_lr_control": 5, "i_postln_lr": 4, "j_sandwich": 4, "j_weight_decay": 3,
+QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "h_lr_control": 5, "i_postln_lr": 4, "i_postln_lr_low": 2, "i_postln_best": 4, "j_sandwich": 4, "j_weight_decay": 3,
              "k_postln_dose": 3, "k_postln_dose_scripts": 3, "g_depth_again": 5, "m_muon_tiny": 5, "m_muon_postln": 5}
 
 
@@ -89,3 +92,48 @@ def test_j_sandwich_differs_from_experiment_h_only_in_the_norm_placement():
         assert dataclasses.replace(sandwich, model=dataclasses.replace(sandwich.model, norm="pre")) == pre
     assert set(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "j_sandwich.py")).seeds) <= \
         set(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "h_prores_or_warmup.py")).seeds)
+
+
+def test_stage_2_of_i_takes_each_arms_lr_of_lowest_mean_loss_on_the_chosen_seeds(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts" / "sweeps"))
+    try:
+        from _questions import best_lrs
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "sweeps"))
+    finished = lambda loss: {"outcome": "finished", "final_val_loss": loss}
+    runs = {"a_lr1_s0": finished(5.0), "a_lr1_s1": finished(7.0),      # mean 6.0
+            "a_lr2_s0": finished(6.5), "a_lr2_s1": finished(5.9),      # mean 6.2, but the best of seed 0
+            "a_lr2_s2": finished(1.0),                                 # not a chosen seed
+            "b_lr1_s0": finished(6.0), "b_lr1_s1": finished(6.0),
+            "b_lr2_s0": {"outcome": "diverged", "final_val_loss": 2.0}, "b_lr2_s1": finished(1.0)}
+    summary, low = tmp_path / "summary.json", tmp_path / "low.json"
+    summary.write_text(json.dumps({"experiments": {"stage1": {"runs": runs}}}))
+    low.write_text(json.dumps({"experiments": {"low": {"runs": {"a_lr0_s0": finished(6.1), "a_lr0_s1": finished(5.8)}}}}))
+    reports = {summary: "stage1"}
+    assert best_lrs(reports, {"a": ("1", "2"), "b": ("1", "2")}, (0, 1)) == {"a": "1", "b": "1"}
+    assert best_lrs(reports, {"a": ("2", "1")}, (1,)) == {"a": "2"}
+    assert best_lrs({**reports, low: "low"}, {"a": ("0", "1", "2")}, (0, 1)) == {"a": "0"}   # mean 5.95
+    with pytest.raises(ConfigError, match="a_lr1_s2 is not run"):
+        best_lrs(reports, {"a": ("1", "2")}, (0, 2))
+    with pytest.raises(ConfigError, match="no report of stage9"):
+        best_lrs({summary: "stage9"}, {"a": ("1",)}, (0,))
+
+
+def test_stage_2_of_i_reruns_stage_1s_arms_at_their_kept_best_lrs_on_fresh_seeds():
+    load = lambda name: sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / f"{name}.py"))
+    stage1, low, stage2 = load("i_postln_lr"), load("i_postln_lr_low"), load("i_postln_best")
+    runs = {}
+    for name, sweep in (("postln_lr", stage1), ("postln_lr_low", low)):
+        summary = json.loads((ROOT / "docs" / "i" / name / "prores_repro" / "summary.json").read_text())
+        runs.update(summary["experiments"][sweep.name]["runs"])
+    assert not (set(stage1.seeds) | set(low.seeds)) & set(stage2.seeds)
+    assert low.common == stage1.common == stage2.common and low.config == stage1.config == stage2.config
+    grid = {**stage1.arms, **low.arms}
+    loss = lambda run: run["final_val_loss"] if run["outcome"] == "finished" else math.inf
+    mean = lambda arm: sum(loss(runs[f"{arm}_s{s}"]) for s in (0, 1)) / 2
+    for arm, overrides in stage2.arms.items():
+        assert grid[arm] == overrides     # the same run as stage 1's, on other seeds
+        base = arm.rpartition("_lr")[0]
+        assert mean(arm) == min(mean(a) for a in grid if a.rpartition("_lr")[0] == base), arm
+    assert sorted(a.rpartition("_lr")[0] for a in stage2.arms) == ["forward_false_alpha", "linear_alpha", "none"]
+    assert stage2.baseline.startswith("none_lr")

@@ -1,6 +1,8 @@
 """What the sweeps that test ProRes's controls share: the Debian documentation corpus
 (docs/DATA.md, "A corpus that does not repeat"), which these runs read less than once, and
 Experiment H's recipe."""
+import json
+import math
 import os
 import pathlib
 
@@ -50,3 +52,31 @@ def muon_against_adamw(name: str, config: str, common: tuple, adamw_lrs, muon_lr
                  arms={**{f"adamw_lr{lr}": (*arm, f"optim.lr={lr}") for lr in adamw_lrs},
                        **{f"muon_lr{lr}": (*arm, "optim.name=muon", f"optim.muon_lr={lr}") for lr in muon_lrs}},
                  baseline=f"adamw_lr{baseline_lr}", seeds=seeds, common=common)
+
+
+
+def best_lrs(reports: dict, lrs: dict, seeds: tuple) -> dict:
+    """{arm: the LR of lrs[arm] whose runs ARM_lrLR_sSEED on `seeds` have the lowest mean final
+    validation loss in the kept reports {summary.json path: experiment} (a tie goes to the LR listed
+    first). A run that diverged counts as an infinite loss: an LR that diverges is never an arm's best."""
+    from andrea_jax.errors import ConfigError
+    runs = {}
+    for summary_path, experiment in reports.items():
+        try:
+            runs.update(json.loads(pathlib.Path(summary_path).read_text())["experiments"][experiment]["runs"])
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"{summary_path}: no report of {experiment} to choose the LRs from ({e!r}); "
+                              f"run that sweep with --report first") from None
+
+    def mean_loss(arm, lr):
+        losses = []
+        for seed in seeds:
+            run = runs.get(f"{arm}_lr{lr}_s{seed}", {"outcome": "not run"})
+            if run["outcome"] not in ("finished", "diverged"):
+                raise ConfigError(f"{arm}_lr{lr}_s{seed} is {run['outcome']} in {list(reports)}, so {arm}'s "
+                                  f"best LR is not known yet")
+            loss = run["final_val_loss"] if run["outcome"] == "finished" else None
+            losses.append(loss if loss is not None and math.isfinite(loss) else math.inf)
+        return sum(losses) / len(losses)
+
+    return {arm: min(choices, key=lambda lr: mean_loss(arm, lr)) for arm, choices in lrs.items()}
