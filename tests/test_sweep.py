@@ -166,7 +166,7 @@ KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scale
                   for name in ("sandwich", "weight_decay")],
                 ("docs/k/paper_protocol", "runs/sweeps/k_postln_dose", "scripts/sweeps/k_postln_dose.py"),
                 *[(f"docs/i/{name}", f"runs/sweeps/i_{name}", f"scripts/sweeps/i_{name}.py")
-                  for name in ("postln_lr", "postln_lr_low")]]
+                  for name in ("postln_lr", "postln_lr_low", "postln_best")]]
 
 
 @pytest.mark.parametrize("out, runs, spec", KEPT_REPORTS, ids=[k[0] for k in KEPT_REPORTS])
