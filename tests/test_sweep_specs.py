@@ -16,7 +16,8 @@ from andrea_jax.repro import sweep as sweep_lib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SPECS = sorted(p for p in (ROOT / "scripts" / "sweeps").glob("*.py") if not p.name.startswith("_"))
 # name -> (the fewest seeds, the arms or groups it must hold)
-QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "h_lr_control": 5, "i_postln_lr": 4, "i_postln_lr_low": 2, "i_postln_best": 4, "j_sandwich": 4, "j_weight_decay": 3,
+QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "h_lr_control": 5,
+             "i_postln_lr": 4, "i_postln_lr_low": 2, "i_postln_best": 4, "j_sandwich": 4, "j_weight_decay": 3,
              "k_postln_dose": 3, "k_postln_dose_scripts": 3, "g_depth_again": 5, "m_muon_tiny": 5, "m_muon_postln": 5}
 
 

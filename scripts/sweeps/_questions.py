@@ -54,7 +54,6 @@ def muon_against_adamw(name: str, config: str, common: tuple, adamw_lrs, muon_lr
                  baseline=f"adamw_lr{baseline_lr}", seeds=seeds, common=common)
 
 
-
 def best_lrs(reports: dict, lrs: dict, seeds: tuple) -> dict:
     """{arm: the LR of lrs[arm] whose runs ARM_lrLR_sSEED on `seeds` have the lowest mean final
     validation loss in the kept reports {summary.json path: experiment} (a tie goes to the LR listed

@@ -10,7 +10,7 @@ choice is computed, not picked by hand.
 """
 from andrea_jax.repro.sweep import Sweep
 from _questions import POST_LN_COMMON, POST_LN_CONFIG, ROOT, best_lrs
-from i_postln_lr import ARMS, LRS, SWEEP as STAGE1
+from i_postln_lr import ARMS, LRS, SWEEP as STAGE1, lr_arms
 from i_postln_lr_low import LRS as LOW_LRS, SWEEP as STAGE1_LOW
 
 STAGE1_REPORTS = {ROOT / "docs" / "i" / name / "prores_repro" / "summary.json": sweep.name
@@ -22,7 +22,7 @@ SWEEP = Sweep(
     name="i_postln_best",
     config=POST_LN_CONFIG,
     axes={},
-    arms={f"{arm}_lr{lr}": (*ARMS[arm], f"optim.lr={lr}") for arm, lr in BEST.items()},
+    arms=lr_arms({arm: (lr,) for arm, lr in BEST.items()}),
     baseline=f"none_lr{BEST['none']}",
     seeds=(4, 5, 6, 7),
     common=POST_LN_COMMON,

@@ -7,14 +7,14 @@ comparison needs points below them:
 """
 import dataclasses
 
-from i_postln_lr import ARMS, SWEEP as STAGE1
+from i_postln_lr import SWEEP as STAGE1, lr_arms
 
 LRS = {"none": ("2.5e-4",), "linear_alpha": ("2.5e-4", "5e-4"), "forward_false_alpha": ("5e-4", "1e-3")}
 
 SWEEP = dataclasses.replace(
     STAGE1,
     name="i_postln_lr_low",
-    arms={f"{arm}_lr{lr}": (*ARMS[arm], f"optim.lr={lr}") for arm, lrs in LRS.items() for lr in lrs},
+    arms=lr_arms(LRS),
     baseline="none_lr2.5e-4",
     seeds=(0, 1),
 )
