@@ -128,6 +128,23 @@ def test_explicit_arms_cross_the_axes_and_name_their_baseline():
             sweep_lib.groups(Sweep(name="bad", config="tiny", axes={}, **bad))
 
 
+def test_a_sweep_runs_in_parts_by_group_and_arm_into_the_same_runs(tmp_path, capsys):
+    spec = str(ROOT / "scripts" / "sweeps" / "t_by_depth.py")
+    exps = sweep_lib.groups(sweep_lib.load_spec(spec))
+    part = sweep_lib.select(exps, groups=["n_layer=12"], arms=["none", "T100"])
+    assert list(part) == ["t_by_depth/n_layer=12"]
+    assert list(part["t_by_depth/n_layer=12"].arms) == ["none", "T100"]
+    whole, planned = sweep_lib.plan(exps, pathlib.Path("/r")), sweep_lib.plan(part, pathlib.Path("/r"))
+    assert sorted(planned) == [f"t_by_depth/n_layer=12/{a}_s{s}" for a in ("T100", "none") for s in (0, 1)]
+    assert all(planned[n] == whole[n] for n in planned)  # the same commands and folders: the parts resume as one
+    assert sweep_lib.select(exps) == exps
+    assert list(sweep_lib.select(exps, arms=["T10"])) == list(exps)
+    for flag, bad in [("--groups", "n_layer=7"), ("--arms", "T1000")]:
+        assert sweep_lib.main([spec, "--runs", str(tmp_path / "runs"), flag, bad]) != 0
+        assert f"{flag} {bad}" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # refused before any run, snapshot or folder
+
+
 @pytest.mark.parametrize("name", ["ablation", "stability", "tsweep", "postln_tsweep"])
 def test_experiments_a_to_d_are_specs_that_plan_the_reproductions_runs(name):
     exp = experiments.EXPERIMENTS[name]

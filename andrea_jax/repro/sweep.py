@@ -17,6 +17,8 @@ own process, started from a frozen copy of the code (RUNS/code), in RUNS/GROUP/A
   (paired-t interval, exact sign-flip p, n) and figures, one section per group.
 - `--set KEY=VALUE` adds an override to every run; `--toy` shrinks every group to 2 arms, 1 seed and
   a few steps of a 2-layer model, to try a spec out.
+- `--groups G ...` and `--arms A ...` train only those groups and arms: a sweep too long for one
+  sitting runs in parts, each resuming into the same run folders; `--report` covers every arm.
 
 A spec may also name one of the reproduction's experiments (scripts/sweeps/ablation.py:
 `SWEEP = experiments.ABLATION`); then RUNS defaults to runs/prores_repro and OUT to docs, and the
@@ -118,6 +120,22 @@ def groups(sweep: Sweep | experiments.Experiment, spec: str = "SPEC", extra=()) 
     return out
 
 
+def select(exps: dict, groups=None, arms=None) -> dict:
+    """The groups of `exps` named in `groups` (as a group's name ends: "n_layer=12"; a sweep without
+    axes is one group, named as the sweep), each with only the arms named in `arms`; None keeps all."""
+    label = lambda name: name.split("/", 1)[-1]
+    chosen = {name: exp for name, exp in exps.items() if groups is None or label(name) in groups}
+    unknown = sorted(set(groups or ()) - {label(name) for name in exps})
+    if unknown:
+        raise ConfigError(f"--groups {' '.join(unknown)}: the sweep's groups are {[label(n) for n in exps]}")
+    if arms is None:
+        return chosen
+    for exp in chosen.values():
+        if unknown := [a for a in arms if a not in exp.arms]:
+            raise ConfigError(f"--arms {' '.join(unknown)}: {exp.name} has the arms {list(exp.arms)}")
+    return {name: dataclasses.replace(exp, arms={a: exp.arms[a] for a in arms}) for name, exp in chosen.items()}
+
+
 def plan(exps: dict, runs_root: pathlib.Path, extra=()) -> dict:
     """{run name: (command, workdir, steps)} over every group, seeds outermost; an experiment's
     precheck runs (RUNS/NAME/precheck) come first."""
@@ -198,6 +216,10 @@ def main(argv=None) -> int:
                         help="extra override of every run (part of each run's command)")
     parser.add_argument("--toy", action="store_true",
                         help="each group shrunk to 2 arms, 1 seed, a few steps of a 2-layer model: a smoke test")
+    parser.add_argument("--groups", nargs="+", default=None, metavar="GROUP",
+                        help="train only these groups (e.g. n_layer=12); the rest resume later")
+    parser.add_argument("--arms", nargs="+", default=None, metavar="ARM",
+                        help="train only these arms of each group; the rest resume later")
     args = parser.parse_args(argv)
     try:
         sweep = load_spec(args.spec)
@@ -207,7 +229,8 @@ def main(argv=None) -> int:
         reproduction = isinstance(sweep, experiments.Experiment)  # its runs and report are the reproduction's
         default_runs = ROOT / "runs" / ("prores_repro" if reproduction else f"sweeps/{sweep.name}")
         runs_root = (args.runs or default_runs).resolve()
-        runs = plan(exps, runs_root, args.set)
+        chosen = select(exps, args.groups, args.arms)
+        runs = plan(chosen, runs_root, args.set)
         code = runs_root / "code"
         if not args.report or args.slurm:
             if not code.exists():
@@ -227,8 +250,8 @@ def main(argv=None) -> int:
             if args.gpus_per_run:
                 slots = device_sets(args.gpus.split(",") if args.gpus else visible_gpus(), args.gpus_per_run)
             seconds = runner.run_all(runs, code, args.jobs, resume=True, device_sets=slots)
-            share = seconds / len(exps)  # the groups ran together: each gets its part
-            for exp in exps.values():  # the wall time the report quotes, summed over invocations
+            share = seconds / len(chosen)  # the groups ran together: each gets its part
+            for exp in chosen.values():  # the wall time the report quotes, summed over invocations
                 wall = runs_root / exp.name / "wall.json"
                 before = json.loads(wall.read_text())["seconds"] if wall.is_file() else 0.0
                 wall.write_text(json.dumps({"seconds": before + share}))
