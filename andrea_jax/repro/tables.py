@@ -191,8 +191,10 @@ def experiment_section(name: str, s: dict) -> list:
            f"- Scale: {s['scale']}.",
            f"- Against: {s['paper']}.",
            f"- Seeds {', '.join(map(str, s['seeds']))}; {len(s['runs'])} runs, "
-           f"{s['train_seconds'] / 60:.0f} min of training in all, {s['wall_seconds'] / 60:.0f} min of wall time "
-           f"({s['jobs']} runs at a time).",
+           f"{s['train_seconds'] / 60:.0f} min of training in all, "
+           + (f"{s['wall_seconds'] / 60:.0f} min of wall time " if math.isfinite(s["wall_seconds"])
+              else "no wall time recorded ")  # a group not run yet, or a sweep stopped before its end
+           + f"({s['jobs']} runs at a time).",
            (f"- Command: `{s['command']}`." if "command" in s else
             f"- Command: `python scripts/reproduce_prores.py --experiment {name}"
             f"{seeds_flag}"

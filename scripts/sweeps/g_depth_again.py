@@ -6,10 +6,10 @@ Experiment H's 8 x 32 tokens, so a run reads 512k tokens (2% of the corpus):
 
     python -m andrea_jax.repro.sweep scripts/sweeps/g_depth_again.py --jobs 2 --report
 
-45 runs. From H's 3.1 min per 1500 steps at 24 blocks, two runs at a time on 2 cores, a run
-should take about 2, 4 and 8 min at 12, 24 and 48 blocks: about 110 min for the sweep (the report
-states each run's measured time). A sweep stopped at the end of a session resumes where it was
-when the same command runs again.
+45 runs. Measured two at a time on 2 cores: 3.7 min a run at 12 blocks, 5.4 min at 24 (docs/g/depth_again/),
+so about 11 min at 48: 30 min, 42 min and about 80 min for the three groups. A group runs alone with
+`--groups n_layer=48`; a sweep stopped at the end of a session resumes where it was when the same
+command runs again.
 """
 from andrea_jax.repro.sweep import Sweep
 from _questions import ON_THE_DOC_CORPUS
