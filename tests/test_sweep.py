@@ -182,6 +182,8 @@ KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scale
                 *[(f"docs/j/{name}", f"runs/sweeps/j_{name}", f"scripts/sweeps/j_{name}.py")
                   for name in ("sandwich", "weight_decay")],
                 ("docs/k/paper_protocol", "runs/sweeps/k_postln_dose", "scripts/sweeps/k_postln_dose.py"),
+                ("docs/k/scripts_protocol", "runs/sweeps/k_postln_dose_scripts",
+                 "scripts/sweeps/k_postln_dose_scripts.py"),
                 ("docs/g/depth_again", "runs/sweeps/g_depth_again", "scripts/sweeps/g_depth_again.py"),
                 *[(f"docs/i/{name}", f"runs/sweeps/i_{name}", f"scripts/sweeps/i_{name}.py")
                   for name in ("postln_lr", "postln_lr_low", "postln_best")]]
