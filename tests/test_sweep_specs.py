@@ -18,7 +18,8 @@ SPECS = sorted(p for p in (ROOT / "scripts" / "sweeps").glob("*.py") if not p.na
 # name -> (the fewest seeds, the arms or groups it must hold)
 QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "h_lr_control": 5,
              "i_postln_lr": 4, "i_postln_lr_low": 2, "i_postln_best": 4, "j_sandwich": 4, "j_weight_decay": 3,
-             "k_postln_dose": 3, "k_postln_dose_scripts": 3, "g_depth_again": 5, "m_muon_tiny": 5, "m_muon_postln": 5}
+             "k_postln_dose": 3, "k_postln_dose_scripts": 3, "k_function_preserving": 5, "g_depth_again": 5,
+             "m_muon_tiny": 5, "m_muon_postln": 5}
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +57,12 @@ def test_the_post_ln_protocols_give_the_ramp_to_warmup_ratios_of_the_paper_and_i
         assert cfg.model.norm == "post"
         assert lo <= cfg.prores.warmup * cfg.model.n_layer / cfg.optim.warmup_steps <= hi, spec
     assert resolved("k_postln_dose", "none").optim.warmup_steps == 0.1 * 1500  # the paper's 10% LR warmup
+
+
+def test_k_function_preserving_at_5_seeds_is_ks_recipe_for_its_two_arms():
+    for arm in ("none", "function_preserving"):
+        assert resolved("k_function_preserving", arm) == resolved("k_postln_dose", arm)
+    assert resolved("k_function_preserving", "function_preserving").model.zero_init_out
 
 
 def test_g_again_keeps_its_schedules_above_adams_horizon_and_ends_the_ramp_by_half_the_run():
