@@ -184,6 +184,8 @@ KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scale
                 ("docs/k/paper_protocol", "runs/sweeps/k_postln_dose", "scripts/sweeps/k_postln_dose.py"),
                 ("docs/k/scripts_protocol", "runs/sweeps/k_postln_dose_scripts",
                  "scripts/sweeps/k_postln_dose_scripts.py"),
+                ("docs/k/function_preserving", "runs/sweeps/k_function_preserving",
+                 "scripts/sweeps/k_function_preserving.py"),
                 ("docs/g/depth_again", "runs/sweeps/g_depth_again", "scripts/sweeps/g_depth_again.py"),
                 *[(f"docs/i/{name}", f"runs/sweeps/i_{name}", f"scripts/sweeps/i_{name}.py")
                   for name in ("postln_lr", "postln_lr_low", "postln_best")]]
