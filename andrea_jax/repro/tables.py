@@ -187,14 +187,14 @@ def experiment_section(name: str, s: dict) -> list:
     plateau = s["plateau"]
     seeds_flag = (f" --seeds {len(s['seeds'])}" if len(s["seeds"]) != len(s.get("default_seeds", s["seeds"]))
                   else "")
+    # no wall time: a group not run yet, or a sweep stopped before its end
+    wall = (f"{s['wall_seconds'] / 60:.0f} min of wall time" if math.isfinite(s["wall_seconds"])
+            else "no wall time recorded")
     out = [f"## {s['title']}", "",
            f"- Scale: {s['scale']}.",
            f"- Against: {s['paper']}.",
            f"- Seeds {', '.join(map(str, s['seeds']))}; {len(s['runs'])} runs, "
-           f"{s['train_seconds'] / 60:.0f} min of training in all, "
-           + (f"{s['wall_seconds'] / 60:.0f} min of wall time " if math.isfinite(s["wall_seconds"])
-              else "no wall time recorded ")  # a group not run yet, or a sweep stopped before its end
-           + f"({s['jobs']} runs at a time).",
+           f"{s['train_seconds'] / 60:.0f} min of training in all, {wall} ({s['jobs']} runs at a time).",
            (f"- Command: `{s['command']}`." if "command" in s else
             f"- Command: `python scripts/reproduce_prores.py --experiment {name}"
             f"{seeds_flag}"

@@ -5,7 +5,8 @@ new ones so that every pair comes from one machine:
 
     python -m andrea_jax.repro.sweep scripts/sweeps/k_function_preserving.py --jobs 2 --report
 
-10 runs, about 6 min each two at a time on 2 cores: about 30 min.
+10 runs, measured 4.0-4.7 min each two at a time on 2 cores: 21 min of wall time
+(docs/k/function_preserving/).
 """
 import dataclasses
 
