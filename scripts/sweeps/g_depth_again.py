@@ -6,9 +6,10 @@ Experiment H's 8 x 32 tokens, so a run reads 512k tokens (2% of the corpus):
 
     python -m andrea_jax.repro.sweep scripts/sweeps/g_depth_again.py --jobs 2 --report
 
-45 runs. Measured two at a time on 2 cores: 3.7 min a run at 12 blocks, 5.4 min at 24 (docs/g/depth_again/),
-so about 11 min at 48: 30 min, 42 min and about 80 min for the three groups. A group runs alone with
-`--groups n_layer=48`; a sweep stopped at the end of a session resumes where it was when the same
+Measured two at a time on 2 cores (docs/g/depth_again/): 3.7 min a run at 12 blocks, 5.4 at 24 and
+8.2 at 48, so 29, 42 and 64 min of wall time for the three arms' 15 runs per group, and 22 min for
+the 48-block warmup control. A group or an arm runs alone with `--groups n_layer=48` or
+`--arms warmup_490`; a sweep stopped at the end of a session resumes where it was when the same
 command runs again.
 """
 from andrea_jax.repro.sweep import Sweep
@@ -20,7 +21,10 @@ SWEEP = Sweep(
     axes={"model.n_layer": [12, 24, 48]},
     arms={"none": ("prores.schedule=none",),
           "linear_alpha": ("prores.schedule=linear", "prores.scale_updates=alpha"),
-          "linear": ("prores.schedule=linear",)},
+          "linear": ("prores.schedule=linear",),
+          # the control that could explain a gain away: no ProRes, the LR warmup stretched to
+          # ProRes's mean ramp at 48 blocks, T (L + 1) / 2 = 490 steps (run with --groups n_layer=48)
+          "warmup_490": ("prores.schedule=none", "optim.warmup_steps=490")},
     baseline="none",
     seeds=(0, 1, 2, 3, 4),
     common=("model.norm=pre", "model.d_model=64", "model.n_head=4", "model.seq_len=32", "train.batch_size=8",
