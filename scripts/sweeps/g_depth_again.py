@@ -4,7 +4,12 @@ b2 = 0.95), an LR warmup of 60 steps, and 2000 steps, so that the ramp ends by h
 every depth (T L = 240 / 480 / 960 steps), on the documentation corpus, 5 seeds. A step is
 Experiment H's 8 x 32 tokens, so a run reads 512k tokens (2% of the corpus):
 
-    python -m andrea_jax.repro.sweep scripts/sweeps/g_depth_again.py --jobs 2 --report
+    python -m andrea_jax.repro.sweep scripts/sweeps/g_depth_again.py --jobs 2 --arms none linear linear_alpha
+    python -m andrea_jax.repro.sweep scripts/sweeps/g_depth_again.py --jobs 2 --groups n_layer=48 --arms warmup_490
+    python -m andrea_jax.repro.sweep scripts/sweeps/g_depth_again.py --report
+
+The warmup control's 490 steps are ProRes's mean ramp at 48 blocks only, so it runs in that group;
+the whole sweep without --arms would also train it at 12 and 24 blocks.
 
 Measured two at a time on 2 cores (docs/g/depth_again/): 3.7 min a run at 12 blocks, 5.4 at 24 and
 8.2 at 48, so 29, 42 and 64 min of wall time for the three arms' 15 runs per group, and 22 min for
