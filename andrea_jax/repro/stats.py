@@ -1,6 +1,7 @@
-"""Statistics of the reproduction: seed summaries, paired-t intervals, exact sign-flip p-values,
-paired bootstrap intervals, the unigram plateau and the escape rate. Pure numpy functions of plain
-numbers."""
+"""Statistics of the reproduction: seed summaries, paired-t intervals, sign-flip p-values (exact up
+to 20 pairs, Monte Carlo beyond, and within strata when recipes are pooled), Holm's correction, the
+paired equivalence test (TOST), paired bootstrap intervals, the unigram plateau and the escape rate.
+Pure numpy functions of plain numbers."""
 from __future__ import annotations
 
 import itertools
@@ -80,22 +81,102 @@ def paired_t(diffs, *, level: float = 0.95) -> dict:
     return {"n": n, "mean": float(d.mean()), "t_lo": float(d.mean() - half), "t_hi": float(d.mean() + half)}
 
 
-def sign_flip_p(diffs) -> dict:
-    """Exact two-sided sign-flip (permutation) p-value of the mean paired difference: the fraction of
-    the 2^n sign assignments whose |mean| is at least the observed one, ties included, and the
-    smallest p that n pairs allow (2 / 2^n: only the two all-same-sign flips reach the observed)."""
+EXACT_FLIPS_MAX_PAIRS = 20   # 2^20 sign assignments; beyond, sign_flip_p samples them
+
+
+def _flip_p(d, weights, *, n_random: int, seed: int) -> float:
+    """Two-sided sign-flip p of the statistic |sum(w_i d_i)|: the share of sign assignments whose
+    statistic reaches the observed one, ties included. Exact over all 2^n assignments up to
+    EXACT_FLIPS_MAX_PAIRS nonzero pairs; beyond, `n_random` random assignments with the observed one
+    counted among them, (1 + hits) / (1 + n_random), which is a valid p (never below the exact one
+    on average). An exact zero changes no statistic under a flip, so only nonzero pairs are flipped."""
+    keep = d != 0
+    wd = (weights * d)[keep]
+    n = len(wd)
+    observed = abs(float(wd.sum()))
+    if not n:
+        return 1.0
+    # A flip that reorders the same terms can land one rounding error below the observed value:
+    # it is a tie, and ties count.
+    tol = 1e-12 * max(float(np.abs(wd).sum()), 1e-300)
+    if n <= EXACT_FLIPS_MAX_PAIRS:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+        return float(np.mean(np.abs(signs @ wd) >= observed - tol))
+    signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(n_random, n))
+    hits = int(np.sum(np.abs(signs @ wd) >= observed - tol))
+    return (1 + hits) / (1 + n_random)
+
+
+def sign_flip_p(diffs, *, n_random: int = 100_000, seed: int = 0) -> dict:
+    """Two-sided sign-flip (permutation) p-value of the mean paired difference, and the smallest p
+    the pairs allow: 2 / 2^k for k nonzero pairs (only the two all-same-sign flips reach the
+    observed mean; an exact zero pair flips to itself and adds nothing). Exact enumeration up to 20
+    nonzero pairs, Monte Carlo over `n_random` flips beyond."""
+    d = np.asarray(list(diffs), float)
+    if not len(d):
+        return {"p": math.nan, "p_min": math.nan}
+    p = _flip_p(d, np.ones_like(d), n_random=n_random, seed=seed)
+    return {"p": p, "p_min": min(1.0, 2.0 / 2 ** int(np.count_nonzero(d)))}
+
+
+def stratified_sign_flip(strata: dict, *, n_random: int = 100_000, seed: int = 0) -> dict:
+    """Pooling paired differences of several recipes ({recipe: diffs}) without letting the larger
+    one speak for all: the statistic is the mean of the recipes' mean differences (each recipe
+    weighs the same, whatever its n), and signs flip within each recipe's pairs. Returns that pooled
+    mean, each recipe's mean and n, and the two-sided p (exact up to 20 nonzero pairs in all)."""
+    if not strata or any(not len(list(v)) for v in strata.values()):
+        raise ValueError(f"stratified_sign_flip needs at least one pair in every stratum, got {strata!r}")
+    groups = {name: np.asarray(list(v), float) for name, v in strata.items()}
+    d = np.concatenate(list(groups.values()))
+    weights = np.concatenate([np.full(len(g), 1.0 / (len(g) * len(groups))) for g in groups.values()])
+    return {"mean": float(np.sum(weights * d)),
+            "strata": {name: {"n": int(len(g)), "mean": float(g.mean())} for name, g in groups.items()},
+            "p": _flip_p(d, weights, n_random=n_random, seed=seed),
+            "p_min": min(1.0, 2.0 / 2 ** int(np.count_nonzero(d))),
+            "exact": int(np.count_nonzero(d)) <= EXACT_FLIPS_MAX_PAIRS}
+
+
+def holm(p_values) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: sorted ascending, the i-th smallest
+    (from 0) becomes max over j <= i of min(1, (m - j) p_(j)). A hypothesis is rejected at level a
+    when its adjusted p is at most a; the family-wise error stays at most a over all m."""
+    p = np.asarray(list(p_values), float)
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(p[i])))
+        adjusted[i] = running
+    return [float(x) for x in adjusted]
+
+
+def t_sf(t: float, df: int) -> float:
+    """P(T > t) for Student's t with an integer df, from the exact central CDF."""
+    upper = 0.5 * (1.0 - t_cdf_central(t, df))
+    return upper if t >= 0 else 1.0 - upper
+
+
+def tost(diffs, margin: float, *, alpha: float = 0.05) -> dict:
+    """The paired equivalence test (two one-sided t tests) of |mean difference| < margin: p is the
+    larger of the one-sided p's of "mean <= -margin" and "mean >= +margin", and `equivalent` when it
+    is at most alpha, which is the (1 - 2 alpha) paired-t interval lying inside (-margin, +margin).
+    "Level" in a reading means this, at a margin stated before the runs."""
+    if margin <= 0:
+        raise ValueError(f"the equivalence margin must be positive, got {margin}")
     d = np.asarray(list(diffs), float)
     n = len(d)
-    if not n:
-        return {"p": math.nan, "p_min": math.nan}
-    if n > 20:
-        raise ValueError(f"exact sign-flip enumeration of {n} pairs (2^{n} flips) is too large")
-    signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
-    means = np.abs(signs @ d) / n
-    # A flip that reorders the same terms can land one rounding error below the observed |mean|:
-    # it is a tie, and ties count.
-    tol = 1e-12 * max(float(np.abs(d).max()), 1e-300)
-    return {"p": float(np.mean(means >= abs(d.mean()) - tol)), "p_min": min(1.0, 2.0 / 2 ** n)}
+    if n < 2:
+        return {"n": n, "margin": margin, "p": math.nan, "equivalent": False}
+    se = float(d.std(ddof=1)) / math.sqrt(n)
+    mean = float(d.mean())
+    if se == 0.0:
+        p = 0.0 if abs(mean) < margin else 1.0
+    else:
+        p_lower = t_sf((mean + margin) / se, n - 1)        # H0: mean <= -margin
+        p_upper = t_sf((margin - mean) / se, n - 1)        # H0: mean >= +margin
+        p = max(p_lower, p_upper)
+    return {"n": n, "margin": margin, "p": float(p), "equivalent": bool(p <= alpha)}
 
 
 def compare(diffs) -> dict:
