@@ -19,7 +19,7 @@ SPECS = sorted(p for p in (ROOT / "scripts" / "sweeps").glob("*.py") if not p.na
 QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "h_lr_control": 5,
              "i_postln_lr": 4, "i_postln_lr_low": 2, "i_postln_best": 4, "j_sandwich": 4, "j_weight_decay": 3,
              "k_postln_dose": 3, "k_postln_dose_scripts": 3, "k_function_preserving": 5, "g_depth_again": 5,
-             "m_muon_tiny": 5, "m_muon_postln": 5}
+             "m_muon_tiny": 5, "m_muon_postln": 5, "l_stage1": 2}
 
 
 @pytest.fixture(autouse=True)
@@ -145,3 +145,27 @@ def test_stage_2_of_i_reruns_stage_1s_arms_at_their_kept_best_lrs_on_fresh_seeds
         assert mean(arm) == min(mean(a) for a in grid if a.rpartition("_lr")[0] == base), arm
     assert sorted(a.rpartition("_lr")[0] for a in stage2.arms) == ["forward_false_alpha", "linear_alpha", "none"]
     assert stage2.baseline.startswith("none_lr")
+
+
+def test_experiment_l_stage_1_is_the_pre_registered_recipe():
+    cfg = resolved("l_stage1", "none_lr1e-3")
+    assert (cfg.model.d_model, cfg.model.n_layer, cfg.model.norm, cfg.model.init) == (64, 24, "pre", "scaled")
+    assert (cfg.train.steps, cfg.train.batch_size, cfg.model.seq_len, cfg.train.eval_batches) == (2000, 8, 32, 64)
+    assert (cfg.optim.schedule, cfg.optim.warmup_steps, cfg.prores.warmup) == ("wsd", 60, 20)
+    assert cfg.data.source == "prepared" and cfg.model.vocab_size == 8449
+    arms = sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "l_stage1.py")))["l_stage1"].arms
+    assert {a.rsplit("_lr", 1)[1] for a in arms} == {"5e-4", "1e-3", "2e-3", "3e-3"} and len(arms) == 11 * 4
+
+    def deficit(arm):  # sum over blocks of the update-steps the ramp withholds: sum_l span_l / 2
+        c = resolved("l_stage1", f"{arm}_lr1e-3")
+        assert (c.prores.forward, c.prores.scale_updates) == (False, "alpha")
+        L, T = c.model.n_layer, c.prores.warmup
+        spans = {"linear": [T * l for l in range(1, L + 1)], "reverse": [T * (L - l + 1) for l in range(1, L + 1)],
+                 "equal": [T * L] * L}[c.prores.schedule]
+        return sum(spans) / 2
+
+    # the pre-registration's integrals: 3000 block-steps for linear and reverse, 2880 (T = 10) for equal
+    assert deficit("ramp_linear") == deficit("ramp_reverse") == 3000
+    assert deficit("ramp_equal") == 2880
+    mup = resolved("l_stage1", "depth_mup_lr1e-3")   # tuned at its base depth, where it is SP
+    assert (mup.model.n_layer, mup.model.depth_base, mup.model.init) == (6, 6, "normal")
