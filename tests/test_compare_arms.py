@@ -8,21 +8,7 @@ import scipy.stats
 
 from andrea_jax.errors import ConfigError
 from andrea_jax.repro import compare
-
-COMMON = "train.py --config depth:family=tiny,layers=24 --workdir /runs/{name}_s{seed} --set model.norm=pre --set optim.lr=3e-3"
-
-
-def summary(path, experiment, arms: dict, seeds=(0, 1, 2)):
-    """A report's summary.json: arms {name: (extra overrides, [final loss by seed])}."""
-    runs = {}
-    for name, (sets, losses) in arms.items():
-        for seed, loss in zip(seeds, losses):
-            command = COMMON.format(name=name, seed=seed) + "".join(f" --set {s}" for s in sets) + f" --set train.seed={seed}"
-            runs[f"{name}_s{seed}"] = {"final_val_loss": loss, "best_val_loss": loss, "command": command}
-    path.write_text(json.dumps({"experiments": {experiment: {"seeds": list(seeds), "arms": {a: {} for a in arms},
-                                                            "runs": runs}}}))
-    return path
-
+from _summaries import summary
 
 def test_arms_of_two_reports_pair_seed_by_seed_with_hand_computed_statistics(tmp_path):
     a = summary(tmp_path / "a.json", "h", {"none": (["prores.schedule=none"], [6.0, 6.2, 6.1]),
