@@ -1,5 +1,6 @@
 """andrea_jax.aot: the train and eval steps compiled for an H200 on this CPU-only machine, through the
-CUDA plugin's deviceless XLA:GPU pipeline (the gpu-compile extra, in the test extra)."""
+CUDA plugin's deviceless XLA:GPU pipeline (the gpu-compile extra, in the test extra); a compile
+leaves the kernels' target as it found it."""
 import os
 import re
 import subprocess
@@ -10,10 +11,9 @@ import pytest
 from andrea_jax import aot
 from andrea_jax.aot import hlo_stats
 
-pytest.importorskip("jax_plugins.xla_cuda12", reason="needs the gpu-compile extra (the CUDA PJRT plugin)")
-
 
 def run_aot(*args, timeout=600):
+    pytest.importorskip("jax_plugins.xla_cuda12", reason="needs the gpu-compile extra (the CUDA PJRT plugin)")
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
     return subprocess.run([sys.executable, "-m", "andrea_jax.aot", *args], capture_output=True, text=True,
@@ -107,3 +107,37 @@ def test_document_mask_reaches_cudnn_attention_as_a_per_row_bias(tmp_path):
     q = "bf16[16,128,4,32]"  # tiny: batch 16, seq_len 128, 4 heads of 32
     assert calls["true"] == {"__cudnn$fmhaScaleBiasSoftmax": [q, q, q, "bf16[16,1,128,128]"]}, calls
     assert calls["false"] == {"__cudnn$fmhaSoftmax": [q, q, q]}, calls
+
+
+def test_a_compile_puts_back_the_kernels_target_it_found_an_exception_included(monkeypatch):
+    """compile_steps traces for its own backend and compute capability, then hands back the caller's:
+    a later trace in the same process is for the target it had before, after a failed compile too."""
+    import jax
+
+    from andrea_jax import config as config_lib, configs
+    from andrea_jax.kernels import platform
+    from andrea_jax.train import steps
+
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), [
+        "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=16", "train.batch_size=2"]))
+    seen, make_mesh = [], steps.make_mesh
+
+    def recording_make_mesh(*args, fail=False):
+        seen.append((platform.TARGET_BACKEND, platform.TARGET_COMPUTE_CAPABILITY))
+        if fail:
+            raise RuntimeError("compile failed")
+        return make_mesh(*args)
+
+    compile_cpu = lambda: aot.compile_steps(cfg, jax.devices("cpu")[:1], eval_step=False, count_flops=False,
+                                            backend="cpu", compute_capability=90)
+    with platform.target("gpu", 80):  # the caller's own target, distinct from the compile's in both fields
+        monkeypatch.setattr(steps, "make_mesh", recording_make_mesh)
+        (report,) = compile_cpu()
+        assert report.step == "train" and report.temp_bytes > 0
+        assert (platform.TARGET_BACKEND, platform.TARGET_COMPUTE_CAPABILITY) == ("gpu", 80)
+        monkeypatch.setattr(steps, "make_mesh", lambda *args: recording_make_mesh(*args, fail=True))
+        with pytest.raises(RuntimeError, match="compile failed"):
+            compile_cpu()
+        assert (platform.TARGET_BACKEND, platform.TARGET_COMPUTE_CAPABILITY) == ("gpu", 80)
+    assert seen == [("cpu", 90), ("cpu", 90)]
+    assert (platform.TARGET_BACKEND, platform.TARGET_COMPUTE_CAPABILITY) == (None, None)

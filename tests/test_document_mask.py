@@ -76,7 +76,7 @@ def tiny(*overrides):
         "model.seq_len=16", "model.n_layer=2", "model.d_model=32", "train.batch_size=2", *overrides]))
 
 
-def test_train_step_loss_with_the_mask_is_the_documents_loss_alone():
+def test_train_and_eval_step_losses_with_the_mask_are_the_documents_loss_alone():
     cfg = tiny("data.document_mask=true", "model.reset_positions=true")
     mesh = steps.make_mesh(cfg)
     rows = [packed_row(4, 11, seed=s)[0] for s in (0, 1)]
@@ -97,6 +97,10 @@ def test_train_step_loss_with_the_mask_is_the_documents_loss_alone():
     reference = float(jnp.mean(jnp.concatenate(nll)))
     np.testing.assert_allclose(float(masked["loss"]), reference, rtol=1e-6)
     assert abs(float(masked["loss"]) - float(plain["loss"])) > 1e-3
+    # the eval step scores the same batch with the parameters the train step started from
+    bytes_V = np.ones(cfg.model.vocab_size, np.int32)
+    eval_loss, _ = steps.make_eval_step(cfg, mesh, eot_id=EOT)(params, np.int32(0), batch, bytes_V)
+    np.testing.assert_allclose(float(eval_loss), float(masked["loss"]), rtol=1e-6)
 
 
 def test_reset_positions_without_the_document_mask_is_refused_in_one_line():

@@ -67,7 +67,14 @@ def test_a_golden_checkpoint_is_restored_and_trains_its_next_step(golden_dir, tm
     assert abs(lines[0]["loss"] - expected["next_loss"]) <= LOSS_ATOL, (lines[0]["loss"], expected["next_loss"])
 
 
-def test_a_checkpoint_of_a_newer_format_version_is_refused_in_one_line(tmp_path):
+# How a checkpoint is read: the trainer's resume, and read_params, through which export, generate and
+# evaluate read the parameters.
+READERS = {"trainer": lambda cfg, workdir, step_dir: golden.trainer.train(cfg, workdir, show_progress=False),
+           "read_params": lambda cfg, workdir, step_dir: golden.read_params(step_dir, cfg)}
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_checkpoint_of_a_newer_format_version_is_refused_in_one_line(reader, tmp_path):
     golden_dir = golden.DATA / f"golden_checkpoint_v{checkpoint.FORMAT_VERSION}"
     workdir = tmp_path / "run"
     shutil.copytree(golden_dir, workdir)
@@ -76,7 +83,7 @@ def test_a_checkpoint_of_a_newer_format_version_is_refused_in_one_line(tmp_path)
     (step_dir / checkpoint.FORMAT / "metadata").write_text(json.dumps({checkpoint.VERSION_KEY: newer}))
     cfg = golden.run_config(json.loads((workdir / "config.json").read_text()))
     with pytest.raises(CheckpointError) as refused:
-        golden.trainer.train(cfg, workdir, show_progress=False)
+        READERS[reader](cfg, workdir, step_dir)
     assert str(refused.value) == (
         f"checkpoint {step_dir} is of format version {newer}, and this version of andrea_jax reads format "
         f"versions 1 to {checkpoint.FORMAT_VERSION}: read it with the version that wrote it, or use another workdir")

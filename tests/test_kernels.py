@@ -452,8 +452,8 @@ def test_a_pallas_call_past_int32_offsets_is_refused_with_one_line():
 _TRITON_PTX_MAIN = """
 import jax, jax.numpy as jnp
 from andrea_jax import kernels
-from andrea_jax.kernels import platform, triton_ops
-platform.TARGET_BACKEND, triton_ops.COMPUTE_CAPABILITY = "gpu", 90
+from andrea_jax.kernels import platform
+platform.TARGET_BACKEND, platform.TARGET_COMPUTE_CAPABILITY = "gpu", 90
 S = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
 F = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
 cases = [

@@ -4,6 +4,7 @@ their checkpoints and retrains none of the finished ones; the report pairs each 
 baseline of its group; --slurm writes one array task per run with the runner's command."""
 import itertools
 import json
+import math
 import os
 import pathlib
 import re
@@ -39,6 +40,12 @@ SWEEP = Sweep(
 
 def sweep_command(spec, runs, *flags):
     return [sys.executable, "-m", "andrea_jax.repro.sweep", str(spec), "--runs", str(runs), "--jobs", "2", *flags]
+
+
+def array_commands(script: str) -> list[str]:
+    """The command of each array task of a --slurm script, in task order."""
+    lines = script.splitlines()
+    return [shlex.split(t.strip())[0] for t in lines[lines.index("COMMANDS=(") + 1:lines.index(")")]]
 
 
 def test_a_grid_runs_two_at_a_time_resumes_after_a_kill_and_reports(tmp_path, tok_path):
@@ -80,16 +87,20 @@ def test_a_grid_runs_two_at_a_time_resumes_after_a_kill_and_reports(tmp_path, to
     summary = json.loads((runs / "report" / "prores_repro" / "summary.json").read_text())["experiments"]
     ci = summary["toy/n_layer=2"]["arms"]["schedule=linear"]["paired_final_val_loss"]
     assert ci["n"] == 2 and abs(ci["mean"] - sum(paired) / 2) < 1e-12
+    # The mean is the same under any pairing of the seeds; each seed's difference and the spread are not.
+    assert ci["by_seed"] == pytest.approx({str(s): d for s, d in enumerate(paired)}, rel=0, abs=1e-12)
+    # The paired-t 95% interval of 2 pairs: mean +- t_{0.975, 1} sd / sqrt(2), where t with 1 degree of
+    # freedom is Cauchy (quantile tan(pi (p - 1/2))) and sd / sqrt(2) = |d0 - d1| / 2.
+    half = math.tan(0.475 * math.pi) * abs(paired[0] - paired[1]) / 2
+    assert [ci["t_lo"], ci["t_hi"]] == pytest.approx([ci["mean"] - half, ci["mean"] + half], rel=1e-9, abs=1e-12)
 
     slurm = subprocess.run(sweep_command(spec, runs, "--slurm"), cwd=ROOT, capture_output=True, text=True,
                            timeout=300)
     assert slurm.returncode == 0, slurm.stderr[-3000:]
     script = (runs / "sweep.sbatch").read_text()
     assert "#SBATCH --array=0-7" in script and "#SBATCH --requeue" in script
-    lines = script.splitlines()
-    tasks = lines[lines.index("COMMANDS=(") + 1:lines.index(")")]
     planned = sweep_lib.plan(exps, runs.resolve())
-    assert [shlex.split(t.strip())[0] for t in tasks] == [shlex.join(c) for c, _, _ in planned.values()]
+    assert array_commands(script) == [shlex.join(c) for c, _, _ in planned.values()]
 
 
 def test_the_shipped_spec_plans_its_grid():
@@ -143,6 +154,19 @@ def test_a_sweep_runs_in_parts_by_group_and_arm_into_the_same_runs(tmp_path, cap
         assert sweep_lib.main([spec, "--runs", str(tmp_path / "runs"), flag, bad]) != 0
         assert f"{flag} {bad}" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # refused before any run, snapshot or folder
+
+
+def test_the_command_with_groups_and_arms_writes_only_those_runs_to_the_slurm_array(tmp_path, capsys):
+    spec, runs = str(ROOT / "scripts" / "sweeps" / "t_by_depth.py"), tmp_path / "runs"
+    assert sweep_lib.main([spec, "--runs", str(runs), "--groups", "n_layer=12", "--arms", "none", "T100",
+                           "--slurm"]) == 0
+    # 2 arms x 2 seeds of one group, of the 2 x 3 x 2 runs of the whole sweep
+    assert "sweep.sbatch: 4 array tasks" in capsys.readouterr().out
+    script = (runs / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=0-3" in script.splitlines()
+    want = [f"t_by_depth/n_layer=12/{a}_s{s}" for s in (0, 1) for a in ("none", "T100")]
+    whole = sweep_lib.plan(sweep_lib.groups(sweep_lib.load_spec(spec)), runs.resolve())
+    assert array_commands(script) == [shlex.join(whole[n][0]) for n in want]
 
 
 @pytest.mark.parametrize("name", ["ablation", "stability", "tsweep", "postln_tsweep"])

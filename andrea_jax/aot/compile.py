@@ -92,12 +92,9 @@ def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = T
     from andrea_jax.kernels import platform
     from andrea_jax.train import sharding, steps
 
-    previous = platform.TARGET_BACKEND
-    platform.TARGET_BACKEND = backend  # gpu: Pallas through Triton, cuDNN attention where it applies
-    if compute_capability is not None and cfg.kernels.impl == "triton":
-        from andrea_jax.kernels import triton_ops  # jax-triton compiles its kernels for this GPU
-        triton_ops.COMPUTE_CAPABILITY = compute_capability
-    try:
+    # gpu: Pallas through Triton, cuDNN attention where it applies, jax-triton's kernels for the
+    # capability; the caller's target is back afterwards
+    with platform.target(backend, compute_capability):
         mesh = steps.make_mesh(cfg, devices)
         state = steps.abstract_state(cfg, mesh)
         tokens = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.model.seq_len + 1), np.int32,
@@ -112,5 +109,3 @@ def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = T
                                   state.params, sharding.param_shardings(cfg, mesh))
             reports.append(_report("eval", steps.make_eval_step(cfg, mesh).lower(params, step, tokens, bytes_V)))
         return reports
-    finally:
-        platform.TARGET_BACKEND = previous

@@ -66,14 +66,9 @@ def check_available() -> None:
 _OUT_KW = "out_shape" if "out_shape" in inspect.signature(jt.triton_call).parameters else "out_type"
 
 
-# None: the attached GPU's. Lowering for a GPU that is not attached (jax.export for cuda, or
-# andrea_jax.aot) needs it given, e.g. 90 for an H100 / H200.
-COMPUTE_CAPABILITY: int | None = None
-
-
 def _call(*args, kernel, out, grid, num_warps, num_stages=1, **meta):
     return jt.triton_call(*args, kernel=kernel, grid=grid, num_warps=num_warps, num_stages=num_stages,
-                          compute_capability=COMPUTE_CAPABILITY, **{_OUT_KW: out}, **meta)
+                          compute_capability=platform.TARGET_COMPUTE_CAPABILITY, **{_OUT_KW: out}, **meta)
 
 
 def _sub_blocks(n_tiles: int, block_rows: int) -> int:
