@@ -21,6 +21,7 @@ import time
 from andrea_jax.workdir import Workdir
 
 CODE = ("andrea_jax", "kernels", "configs", "train.py", "pyproject.toml")
+PACKAGE_DIRS = {"configs": "configs", "kernels": "kernels/src"}   # pyproject's [tool.setuptools.package-dir]
 
 
 def snapshot_code(root: pathlib.Path, dest: pathlib.Path, ref: str | None = None) -> None:
@@ -43,6 +44,11 @@ def snapshot_code(root: pathlib.Path, dest: pathlib.Path, ref: str | None = None
                 shutil.copy2(src, tmp / name)
         head, changes = git("rev-parse", "HEAD").stdout.strip(), git("status", "--short").stdout
         source = f"working tree at commit {head}\n{changes}"
+    # pyproject maps andrea_jax.configs and andrea_jax.kernels onto configs/ and kernels/src/; an
+    # editable install resolves them in the live tree through a finder that comes after the path
+    # one, so the copy holds them where the path finder looks first, inside its own andrea_jax.
+    for package, folder in PACKAGE_DIRS.items():
+        shutil.copytree(tmp / folder, tmp / "andrea_jax" / package, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp / "SOURCE.txt").write_text(source)
     tmp.rename(dest)
 
