@@ -48,7 +48,8 @@ def snapshot_code(root: pathlib.Path, dest: pathlib.Path, ref: str | None = None
     # editable install resolves them in the live tree through a finder that comes after the path
     # one, so the copy holds them where the path finder looks first, inside its own andrea_jax.
     for package, folder in PACKAGE_DIRS.items():
-        shutil.copytree(tmp / folder, tmp / "andrea_jax" / package, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(tmp / folder, tmp / "andrea_jax" / package, ignore=shutil.ignore_patterns("__pycache__"),
+                        dirs_exist_ok=True)
     (tmp / "SOURCE.txt").write_text(source)
     tmp.rename(dest)
 
