@@ -69,12 +69,15 @@ def fail(message: str, code: int) -> int:
 def run(args) -> int:
     cfg = config_lib.validate(config_lib.override(configs.load(args.config), args.set))
     startup.import_jax()
+    from andrea_jax.train import budget  # imports jax (through workdir): after import_jax, which keeps it quiet
+    cfg = budget.resolve(cfg, explicit=args.set, workdir=args.workdir)  # once, before anything compiles
     if args.coordinator or args.distributed:
         start_distributed(args)
     startup.start_jax()
-    from andrea_jax.serve import generate, tasks
+    budget.announce(cfg)
+    from andrea_jax.serve import generate
     from andrea_jax.train import loop, preemption  # after validation: a bad config fails before jax starts work
-    extra_hooks = tasks.training_hooks(cfg)  # reads train.eval_tasks: a bad task file fails before training
+    extra_hooks = training_hooks(cfg)  # reads train.eval_tasks: a bad task file fails before training
     try:
         loop.train(cfg, args.workdir, allow_schedule_change=args.allow_schedule_change,
                    at_end=generate.closing_sample, extra_hooks=extra_hooks)
@@ -82,6 +85,25 @@ def run(args) -> int:
         print(e, file=sys.stderr, flush=True)
         return e.exit_code
     return 0
+
+
+def training_hooks(cfg: config_lib.Config) -> tuple:
+    """train.eval_tasks as a hook of the training loop (none without tasks): at every evaluation,
+    the tasks scored on the current parameters by the code of `evaluate --task` (the same numbers
+    as on that step's checkpoint), as {task/NAME/METRIC: value}. The task files are read here, so
+    a bad one fails before the loop tokenizes anything. Composed here, where the command meets both:
+    serve scores, train runs hooks, and neither imports the other."""
+    from andrea_jax.serve import load, tasks
+    from andrea_jax.train import hooks, loop
+    read = tasks.read_training_tasks(cfg)
+    if not read:
+        return ()
+
+    def score_tasks(ctx: hooks.Context, state: hooks.LoopState, step: int, line) -> dict:
+        loaded = load.LoadedModel(ctx.cfg, state.train.params, ctx.corpus.tokenizer, step, str(ctx.run_dir.root))
+        return tasks.score_tasks(loaded, read)
+
+    return (hooks.Hook("tasks", loop.at_eval(cfg), score_tasks),)
 
 
 if __name__ == "__main__":

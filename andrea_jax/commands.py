@@ -2,7 +2,8 @@
 
 Each starts jax the way andrea_jax/startup.py says (quietly where the CUDA plugin has no driver)
 before it imports its command's module, since those modules import jax at their top. The
-`python -m andrea_jax.serve.NAME` forms start it the same way (andrea_jax/serve/__init__.py).
+`python -m andrea_jax.serve.NAME` forms start it the same way, in a guard at the top of each such
+module, above the imports that import jax.
 """
 from __future__ import annotations
 

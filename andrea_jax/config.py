@@ -1,7 +1,10 @@
-"""The typed config tree, `--set` overrides and validation (named configs load in andrea_jax.configs).
+"""The config's schema: the typed config tree, each field documented where it is declared, the names
+its fields take, and `validate`, which runs before anything is traced or compiled and names the
+offending key (`section.key`) in every error.
 
-Every field is documented where it is declared. `validate` runs before anything is traced or
-compiled, and every error names the offending key (`section.key`).
+What reads a config is elsewhere: named configs and saved ones (`from_dict`) load in
+andrea_jax.configs, and `override` (`--set section.key=value`) is andrea_jax.config_text's, which
+callers may reach here.
 """
 from __future__ import annotations
 
@@ -10,9 +13,10 @@ import math
 import typing
 from dataclasses import dataclass, field
 
-from andrea_jax.config_text import (LOGICAL_AXES, MESH_AXES, nearest_key, parse_mixture,  # noqa: F401
-                                    parse_rules, parse_value)
+from andrea_jax.config_text import override  # noqa: F401  (callers apply --set here)
+from andrea_jax.config_text import parse_mixture, parse_rules
 from andrea_jax.errors import ConfigError  # noqa: F401  (callers catch it here)
+from andrea_jax.names import KERNEL_IMPLS, MESH_AXES
 
 
 NORMS = ("pre", "post", "sandwich", "deepnorm", "lns")   # block placements, ProRes paper Table 1
@@ -28,7 +32,6 @@ UPDATE_SCALES = ("none", "alpha", "sqrt_alpha", "alpha_sq")  # prores.scale_upda
 # model.depth_param: the branch multiplier's exponent a in (L / L0)^-a (andrea_jax.model.depth)
 DEPTH_PARAMS = {"sp": 0.0, "depth_mup": 0.5, "completep": 1.0}
 OPTIMIZERS = ("adamw", "muon")                           # optim.name (andrea_jax.train.optim)
-# Logical axis names of the model's arrays (andrea_jax.model.layers), which mesh.rules may map
 
 
 def _need(ok: bool, key: str, why: str) -> None:
@@ -81,6 +84,9 @@ class ModelConfig:
     depth_base: int = 12        # L0 of depth_param: the depth whose multipliers are 1 (default: the default n_layer)
     reset_positions: bool = False  # with data.document_mask: learned positions (gpt2) and RoPE (llama) restart at 0 at
                                    # each document of a packed row; generation and evaluation are unchanged
+    loss_chunks: int = 0        # the train and eval losses form the float32 logits and their gradient this many
+                                # chunks of positions at a time, never whole (andrea_jax/train/chunked_loss.py); must
+                                # divide seq_len; 0: the plain loss over the whole logits
 
     def __post_init__(self):
         # A bool remat (True / "true" in a config, a saved checkpoint's config or --set) means
@@ -102,6 +108,8 @@ class ModelConfig:
         _one_of("model.init", self.init, INITS, "init")
         _one_of("model.gates", self.gates, GATES, "gates")
         _one_of("model.remat", self.remat, REMATS, "remat policy")
+        _need(self.loss_chunks >= 0 and (self.loss_chunks == 0 or self.seq_len % self.loss_chunks == 0),
+              "model.loss_chunks", f"must be 0 (off) or divide model.seq_len={self.seq_len}, got {self.loss_chunks}")
         _one_of("model.family", self.family, FAMILIES, "model family")
         _one_of("model.depth_param", self.depth_param, DEPTH_PARAMS, "depth parameterisation")
         _need(self.depth_base >= 1, "model.depth_base", f"must be >= 1 (a depth L0), got {self.depth_base}")
@@ -181,9 +189,14 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 100_000        # total optimizer updates
+    steps: int = 100_000        # total optimizer updates; with train.tokens or train.flops, the budget's, resolved once
+                                # at the run's start (andrea_jax/train/budget.py) and recorded in config.json
+    tokens: int = 0             # > 0: train for this many tokens instead: steps = ceil(tokens / (batch_size x seq_len))
+    flops: float = 0.0          # > 0: train for this many FLOPs instead (andrea_jax/train/mfu.py's count, the `mfu`
+                                # metric's): steps = ceil(flops / (FLOPs per token x batch_size x seq_len))
     batch_size: int = 512       # global batch, in sequences
-    seed: int = 0               # seeds init, data order and sampling
+    seed: int = 0               # seeds init and sampling, and the data order unless train.data_seed is set
+    data_seed: int = -1         # seeds the data order (the loader's shuffle) alone; -1 = train.seed's
     log_every: int = 10         # steps between metric lines (each costs one host sync)
     eval_every: int = 1000      # steps between validation passes; 0 = only at the end
     eval_batches: int = 8       # validation batches per pass (the set itself is fixed)
@@ -214,6 +227,17 @@ class TrainConfig:
         _need(not self.profile or (sep and start.isdigit() and end.isdigit() and 0 < int(start) <= int(end)),
               "train.profile", f"must be START:END with 0 < START <= END, got {self.profile!r}")
         _need(self.peak_tflops >= 0, "train.peak_tflops", f"must be >= 0, got {self.peak_tflops}")
+        _need(self.tokens >= 0, "train.tokens", f"must be >= 0 (0 = train.steps sets the length), got {self.tokens}")
+        _need(self.flops >= 0 and math.isfinite(self.flops), "train.flops",
+              f"must be >= 0 (0 = train.steps sets the length), got {self.flops}")
+        _need(not (self.tokens and self.flops), "train.flops",
+              f"set only one of train.steps, train.tokens and train.flops; train.tokens={self.tokens} is set too")
+        _need(self.data_seed >= -1, "train.data_seed", f"must be >= 0, or -1 for train.seed's, got {self.data_seed}")
+
+    @property
+    def order_seed(self) -> int:
+        """The data order's seed: train.data_seed, or train.seed where that is -1."""
+        return self.seed if self.data_seed == -1 else self.data_seed
 
 
 @dataclass(frozen=True)
@@ -271,8 +295,8 @@ class DiagnosticsConfig:
                                 # run
     knockout: bool = False      # at each evaluation, the validation-loss change with each block's alpha set to 0
                                 # (`knockout`, [L])
-    knockout_chunk: int = 1     # knockout: masks per vmapped pass (lax.map over chunks; 1 fastest on CPU, measured); 0
-                                # = all L
+    knockout_chunk: int = 1     # knockout: masks per vmapped pass (lax.map over chunks; 1 is the fastest on CPU); 0 =
+                                # all L
 
     def check(self) -> None:
         _need(self.every >= 0, "diagnostics.every", f"must be >= 0, got {self.every}")
@@ -287,8 +311,8 @@ class KernelsConfig:
                                 # kernels/src/__init__.py)
 
     def check(self) -> None:
-        _need(self.impl in ("auto", "xla", "pallas", "triton"), "kernels.impl",
-              f"must be auto, xla, pallas or triton, got {self.impl!r}")
+        _need(self.impl in KERNEL_IMPLS, "kernels.impl",
+              f"must be {', '.join(KERNEL_IMPLS[:-1])} or {KERNEL_IMPLS[-1]}, got {self.impl!r}")
 
 
 @dataclass(frozen=True)
@@ -322,47 +346,6 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-# Keys that configs saved in runs and exports may hold though no field reads them: from_dict drops them.
-RETIRED = {"data": ("pretokenize", "stream_workers")}
-
-
-def from_dict(tree: dict) -> Config:
-    """A validated Config from its `to_dict()` form; an unknown key (from a newer version) is a ConfigError."""
-    tree = {name: {k: v for k, v in fields.items() if k not in RETIRED[name]} if name in RETIRED else fields
-            for name, fields in tree.items()}
-    try:
-        kinds = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
-        unknown = sorted(set(tree) - set(kinds))
-        if unknown:
-            raise ConfigError(f"unknown config section {unknown[0]!r}{nearest_key(_known_keys(Config()), unknown[0])}")
-        return validate(Config(**{name: kind(**tree.get(name, {})) for name, kind in kinds.items()}))
-    except TypeError as e:
-        raise ConfigError(str(e)) from None
-
-
-def _known_keys(config: Config) -> dict[str, list[str]]:
-    return {s.name: list(typing.get_type_hints(type(getattr(config, s.name)))) for s in dataclasses.fields(config)}
-
-
-def override(config: Config, assignments: typing.Sequence[str]) -> Config:
-    """Applies `section.key=value` strings, parsing each value by the field's declared type."""
-    for assignment in assignments:
-        key, sep, text = assignment.partition("=")
-        section, dot, name = key.partition(".")
-        if not sep or not dot:
-            raise ConfigError(f"override {assignment!r} is not of the form section.key=value")
-        if section not in {f.name for f in dataclasses.fields(config)}:
-            raise ConfigError(f"unknown config key {key!r}: no section {section!r}"
-                              f"{nearest_key(_known_keys(config), key)}")
-        sub = getattr(config, section)
-        hints = typing.get_type_hints(type(sub))
-        if name not in hints:
-            raise ConfigError(f"unknown config key {key!r}{nearest_key(_known_keys(config), key)}")
-        sub = dataclasses.replace(sub, **{name: parse_value(key, text, hints[name])})
-        config = dataclasses.replace(config, **{section: sub})
-    return config
 
 
 def _check_types(config: Config) -> None:

@@ -1,16 +1,19 @@
-"""Settings given as text (`--set section.key=value`): a value parsed by its field's type, the settings
-that are lists in a string (mesh.rules, data.mixture), and the known key nearest to a mistyped one.
-Knows nothing of the config's sections (config.py passes them)."""
+"""Settings given as text (`--set section.key=value`): `override` applies them to a config, each value
+parsed by its field's type; the settings that are lists in a string (mesh.rules, data.mixture); and
+the known key nearest to a mistyped one. Knows nothing of the config's sections (config.py passes
+them; `override` reads them off the config it is given)."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
+import typing
 
 from andrea_jax.errors import ConfigError
+from andrea_jax.names import LOGICAL_AXES, MESH_AXES
 
-LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
-MESH_AXES = ("data", "fsdp", "tensor")                   # the device mesh's axes (andrea_jax.train.sharding)
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+AnyConfig = typing.TypeVar("AnyConfig")  # andrea_jax.config.Config: a dataclass whose fields are its sections
 
 
 def parse_value(key: str, text: str, kind: type):
@@ -20,6 +23,30 @@ def parse_value(key: str, text: str, kind: type):
         return int(text.replace("_", "")) if kind is int else kind(text)
     except (KeyError, ValueError):
         raise ConfigError(f"{key}: expected {kind.__name__}, got {text!r}") from None
+
+
+def known_keys(config: AnyConfig) -> dict[str, list[str]]:
+    """{section: [names]} of a config's sections, as `nearest_key` takes them."""
+    return {s.name: list(typing.get_type_hints(type(getattr(config, s.name)))) for s in dataclasses.fields(config)}
+
+
+def override(config: AnyConfig, assignments: typing.Sequence[str]) -> AnyConfig:
+    """Applies `section.key=value` strings, parsing each value by the field's declared type."""
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"override {assignment!r} is not of the form section.key=value")
+        if section not in {f.name for f in dataclasses.fields(config)}:
+            raise ConfigError(f"unknown config key {key!r}: no section {section!r}"
+                              f"{nearest_key(known_keys(config), key)}")
+        sub = getattr(config, section)
+        hints = typing.get_type_hints(type(sub))
+        if name not in hints:
+            raise ConfigError(f"unknown config key {key!r}{nearest_key(known_keys(config), key)}")
+        sub = dataclasses.replace(sub, **{name: parse_value(key, text, hints[name])})
+        config = dataclasses.replace(config, **{section: sub})
+    return config
 
 
 def nearest_key(known: dict[str, list[str]], key: str) -> str:

@@ -1,4 +1,5 @@
-"""Named configs: `python train.py --config NAME` loads `configs/NAME.py:get_config()`.
+"""Where a Config comes from: `load` reads a named config (`python train.py --config NAME` loads
+`configs/NAME.py:get_config()`), `from_dict` a config that a run or an export saved.
 
 A named config states only what differs from the schema's defaults (andrea_jax.config). The
 defaults are ANDREA-120M with the ProRes paper's setup, and they stay the truth rather than
@@ -9,11 +10,13 @@ differences, so a reader sees at a glance what makes `tiny` tiny or `depth` deep
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import pathlib
 
-from andrea_jax.config import Config
+from andrea_jax.config import Config, validate
+from andrea_jax.config_text import known_keys, nearest_key
 from andrea_jax.errors import ConfigError
 
 
@@ -57,3 +60,21 @@ def _import_named(name: str):
             raise  # the config exists but imports something missing: not an unknown name
         known = sorted(p.stem for p in pathlib.Path(__file__).parent.glob("*.py") if not p.stem.startswith("_"))
         raise ConfigError(f"unknown config {name!r}; known: {', '.join(known)}") from None
+
+
+# Keys that configs saved in runs and exports may hold though no field reads them: from_dict drops them.
+RETIRED = {"data": ("pretokenize", "stream_workers")}
+
+
+def from_dict(tree: dict) -> Config:
+    """A validated Config from its `to_dict()` form; an unknown key (from a newer version) is a ConfigError."""
+    tree = {name: {k: v for k, v in fields.items() if k not in RETIRED[name]} if name in RETIRED else fields
+            for name, fields in tree.items()}
+    try:
+        kinds = {f.name: type(getattr(Config(), f.name)) for f in dataclasses.fields(Config)}
+        unknown = sorted(set(tree) - set(kinds))
+        if unknown:
+            raise ConfigError(f"unknown config section {unknown[0]!r}{nearest_key(known_keys(Config()), unknown[0])}")
+        return validate(Config(**{name: kind(**tree.get(name, {})) for name, kind in kinds.items()}))
+    except TypeError as e:
+        raise ConfigError(str(e)) from None

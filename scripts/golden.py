@@ -45,7 +45,7 @@ def tokenizer() -> pathlib.Path:
 
 def run_config(tree: dict) -> config_lib.Config:
     """The config saved in a golden file, reading its tokenizer from tests/data."""
-    return config_lib.validate(config_lib.override(config_lib.from_dict(tree), [f"data.tokenizer={tokenizer()}"]))
+    return config_lib.validate(config_lib.override(configs.from_dict(tree), [f"data.tokenizer={tokenizer()}"]))
 
 
 def params_sha256(params) -> str:

@@ -38,8 +38,7 @@ def trained_run(tmp_path_factory, tok_path):
     """make(*overrides, steps=6) -> the workdir of a short run of a 3-block toy on the embedded
     corpus, checkpointed every 3 steps; with prores.warmup=4 its alphas at step 6 are
     [1, 0.75, 0.5] (mid-warmup). Runs are cached per arguments within a test process."""
-    from andrea_jax import config as config_lib, configs
-    from andrea_jax.serve import tasks
+    from andrea_jax import cli, config as config_lib, configs
     from andrea_jax.train import loop as trainer
 
     made = {}
@@ -57,7 +56,7 @@ def trained_run(tmp_path_factory, tok_path):
             saved_cache = os.environ.get("ANDREA_CACHE")
             os.environ["ANDREA_CACHE"] = str(tmp_path_factory.mktemp("cache"))  # its own token cache
             try:
-                trainer.train(cfg, workdir, show_progress=False, extra_hooks=tasks.training_hooks(cfg))
+                trainer.train(cfg, workdir, show_progress=False, extra_hooks=cli.training_hooks(cfg))
             finally:
                 if saved_cache is None:
                     os.environ.pop("ANDREA_CACHE")

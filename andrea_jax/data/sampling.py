@@ -13,8 +13,6 @@ import numpy as np
 
 from andrea_jax.data import documents
 
-_MASK = np.uint64(2**64 - 1)
-
 
 def keys(doc_ids, seed: int) -> np.ndarray:
     """uint64 keys of integer document ids (splitmix64 of seed-mixed ids)."""

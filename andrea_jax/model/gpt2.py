@@ -17,7 +17,7 @@ import flax.linen as nn
 from andrea_jax import kernels
 from andrea_jax.config import ModelConfig
 from andrea_jax.model import layers
-from andrea_jax.model.layers import STREAM_BTD, constrain, logits_matmul, padded_vocab
+from andrea_jax.model.layers import STREAM_BTD, constrain, padded_vocab
 
 
 def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cache, rope, segment_ids_BT=None):
@@ -58,9 +58,9 @@ def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cac
 
 def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str, positions_BT=None):
     """The ends of the GPT-2 model: (x_BTD, None, head), x the token embedding plus the learned
-    position embedding, head(x_BTD) the final LayerNorm and the logits of the tied embedding over
-    the padded vocabulary, float32. Positions: positions_BT when given (model.reset_positions),
-    else the cache's, else 0..T-1."""
+    position embedding, head(x_BTD) the operands of the logits (y_BTD, w_DP), y the final LayerNorm
+    and w the tied embedding over the padded vocabulary, both in the compute dtype. Positions:
+    positions_BT when given (model.reset_positions), else the cache's, else 0..T-1."""
     named = nn.with_logical_partitioning
     normal = nn.initializers.normal(cfg.init_std)
     tok_embedding_VD = param("tok_embedding", named(normal, ("vocab", "embed")),
@@ -82,6 +82,6 @@ def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str, positions_BT=Non
         y_BTD = kernels.layer_norm(x_BTD, lnf_scale, lnf_bias, eps=cfg.ln_eps, impl=impl, y_dtype=cfg.dtype)
         V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
         padded_PD = jnp.pad(tok_embedding_VD, ((0, P - V), (0, 0)))  # zero rows
-        return logits_matmul(y_BTD, padded_PD.T.astype(jnp.dtype(cfg.dtype)))
+        return y_BTD, padded_PD.T.astype(jnp.dtype(cfg.dtype))
 
     return x_BTD, None, head

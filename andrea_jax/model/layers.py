@@ -2,10 +2,10 @@
 self-attention (with its KV cache) and the GELU MLP. Pure functions of arrays and parameters;
 the flax modules that own the parameters are in transformer.py.
 
-Partitioning: every parameter carries logical axis names (`LOGICAL_AXES`; the layer scan adds
-`layers` in front of a block's), and so do the key activations, through
+Partitioning: every parameter carries logical axis names (`andrea_jax.names.LOGICAL_AXES`; the layer
+scan adds `layers` in front of a block's), and so do the key activations, through
 `nn.with_logical_constraint`. The names say what a dimension is, not where it goes: the one table
-that maps them to mesh axes is `andrea_jax.train.sharding.RULES`. Without `nn.logical_axis_rules`
+that maps them to mesh axes is `andrea_jax.names.RULES`. Without `nn.logical_axis_rules`
 in context the constraints do nothing, so single-device use (tests, inference, decoding) is
 unaffected.
 """
@@ -21,12 +21,6 @@ from andrea_jax import kernels
 from andrea_jax.config import ModelConfig
 
 
-# Logical axis names (mapped to mesh axes only in andrea_jax.train.sharding):
-#   batch, seq: an activation's rows and positions    act_embed: the residual stream's width D
-#   embed: a matrix's D dimension                     heads: attention's D as H heads x K
-#   qkv: the fused [q|k|v] columns (3D)               mlp: the MLP's hidden width F
-#   vocab: the tied embedding's rows                  layers: the scan's stacked layer axis
-LOGICAL_AXES = ("batch", "seq", "act_embed", "embed", "heads", "qkv", "mlp", "vocab", "layers")
 # Names of each block parameter's dimensions (the scan puts `layers` first); the D-sized vectors
 # (LayerNorm gains and biases, biases added to the residual stream) live on the stream's width.
 BLOCK_PARAM_AXES = {"attn_qkv_kernel": ("embed", "qkv"), "attn_qkv_bias": ("qkv",),

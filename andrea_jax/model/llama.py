@@ -31,7 +31,7 @@ import flax.linen as nn
 from andrea_jax import kernels
 from andrea_jax.config import ModelConfig
 from andrea_jax.model import layers
-from andrea_jax.model.layers import STREAM_BTD, constrain, logits_matmul, padded_vocab, rms_norm, token_matmul
+from andrea_jax.model.layers import STREAM_BTD, constrain, padded_vocab, rms_norm, token_matmul
 
 ROPE_THETA = 10000.0  # HF LlamaConfig's default rope_theta, as the official code leaves it
 
@@ -111,10 +111,10 @@ def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cac
 
 
 def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str, positions_BT=None):
-    """The ends of the llama model: (x_BTD, rope tables, head) where head(x_BTD) is the final
-    RMSNorm and the untied head's logits over the padded vocabulary, float32. Positions are
-    positions_BT when given (model.reset_positions), else the cache's (left-padded rows differ),
-    else 0..T-1. Refuses an impl other than xla."""
+    """The ends of the llama model: (x_BTD, rope tables, head) where head(x_BTD) is the operands
+    of the logits (y_BTD, w_DP), the final RMSNorm and the untied head over the padded vocabulary,
+    both in the compute dtype. Positions are positions_BT when given (model.reset_positions), else
+    the cache's (left-padded rows differ), else 0..T-1. Refuses an impl other than xla."""
     check_impl(impl)
     named = nn.with_logical_partitioning
     D, V = cfg.d_model, cfg.vocab_size
@@ -134,6 +134,6 @@ def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str, positions_BT=Non
         dtype = jnp.dtype(cfg.dtype)
         y_BTD = rms_norm(x_BTD, lnf_scale, eps=cfg.ln_eps)
         padded_DP = jnp.pad(head_DV, ((0, 0), (0, padded_vocab(V) - V)))  # zero columns
-        return logits_matmul(y_BTD.astype(dtype), padded_DP.astype(dtype))
+        return y_BTD.astype(dtype), padded_DP.astype(dtype)
 
     return x_BTD, rope, head

@@ -17,14 +17,22 @@ import flax.linen as nn
 from andrea_jax import config
 from andrea_jax.config import NORMS, ModelConfig
 from andrea_jax.model import gpt2, llama
-from andrea_jax.model.layers import BLOCK_PARAM_AXES, STREAM_BTD, KVCache, constrain, padded_vocab
+from andrea_jax.model.layers import BLOCK_PARAM_AXES, STREAM_BTD, KVCache, constrain, logits_matmul, padded_vocab
 
 OUTPUT_PROJECTIONS = ("attn_out_kernel", "mlp_proj_kernel")
 
 
+class HeadOperands(typing.NamedTuple):
+    """The logits' two operands over the padded vocabulary, for a loss that never holds the logits."""
+    y_BTD: jax.Array            # the final norm's output
+    w_DP: jax.Array             # the head (the tied embedding, transposed, or the untied head)
+
+
 class Output(typing.NamedTuple):
-    """What `Andrea.__call__` returns, whatever it is asked for."""
-    logits: jax.Array           # [B, T, V] float32 (the padded vocabulary with padded_logits)
+    """What `Andrea.__call__` returns, whatever it is asked for: three fields, so that
+    `logits, stats, kv = model.apply(...)` holds in every mode."""
+    logits: jax.Array | HeadOperands  # [B, T, V] float32 (the padded vocabulary with padded_logits);
+                                      # with head_operands=True, their HeadOperands instead
     stats: dict | None = None   # diagnostics=True: per-layer statistics of the scan, each [L]
     kv: tuple | None = None     # with a cache: (k_LBSHK, v_LBSHK), written at the call's slots
 
@@ -102,7 +110,8 @@ assert tuple(PLACEMENTS) == NORMS
 #       -> (attend, mlp, norm, residual_norm)
 #   spine(param, cfg, tokens_BT, cache, impl, positions_BT) -> (x_BTD, rope, head)
 # the first creates a block's parameters through Block's factories; the second the embedding,
-# positions, final norm and head (rope: what every block's attention shares, None for gpt2).
+# positions, final norm and head (rope: what every block's attention shares, None for gpt2;
+# head(x_BTD) -> (y_BTD, w_DP), the logits' operands in the compute dtype).
 FAMILIES = {"gpt2": gpt2, "llama": llama}
 assert tuple(FAMILIES) == config.FAMILIES
 
@@ -215,6 +224,9 @@ class Andrea(nn.Module):
     # static: logits over the padded vocabulary with the padding at the float32 minimum (the train
     # and eval steps: a slice to V would move a tensor-sharded vocabulary between devices)
     padded_logits: bool = False
+    # static: return the logits' operands (HeadOperands) in Output.logits instead of the logits, for a loss that
+    # forms the logits a chunk at a time (model.loss_chunks, andrea_jax.train.chunked_loss)
+    head_operands: bool = False
     # lax.scan's `unroll` of the block stack: 1 is a loop. XLA's cost analysis counts a loop's body
     # once, so andrea_jax.aot counts FLOPs on a program built with True (fully unrolled).
     scan_unroll: int | bool = 1
@@ -249,7 +261,10 @@ class Andrea(nn.Module):
         x_BTD, (stats_L, kv_L) = stack(cfg, self.impl, self.diagnostics, name="blocks")(x_BTD, scanned, decode, rope,
                                                                                         segment_ids_BT)
 
-        logits_BTP = head(x_BTD)
+        y_BTD, w_DP = head(x_BTD)
+        if self.head_operands:
+            return Output(HeadOperands(y_BTD, w_DP), stats_L, kv_L)
+        logits_BTP = logits_matmul(y_BTD, w_DP)
         V, P = cfg.vocab_size, padded_vocab(cfg.vocab_size)
         if self.padded_logits:  # the loss's layout: padding masked out of the softmax, no slicing
             real_P = jnp.arange(P) < V

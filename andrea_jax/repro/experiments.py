@@ -48,8 +48,8 @@ ABLATION = Experiment(
     baseline="none",
     paper="350M, L = 24, Post-LN (ProRes paper): baseline 16.83, linear 15.15, equal and reverse diverge",
     scale=("d_model 64, 4 heads, 24 Post-LN blocks, 2048-token BPE; 1500 steps of 8 x 32 tokens "
-           "(384k tokens, about one pass over the corpus; the step count kept at the issue's 1500 "
-           "and the batch cut to fit about 40 minutes of a loaded 2-core machine); AdamW as the paper, "
+           "(384k tokens, about one pass over the corpus; a batch small enough for about 40 minutes "
+           "of a loaded 2-core machine); AdamW as the paper, "
            "peak LR 1e-3 after a "
            "150-step linear warmup, WSD decay over the last 10%; ProRes T = 25 (T L = 600 steps, "
            "40% of the run; T above Adam's ~20-step horizon at b2 = 0.95)"),
@@ -130,7 +130,7 @@ SCALED_POST_LN = dataclasses.replace(
 )
 
 # The same arms on the official code's block (model.family=llama: RMSNorm, SwiGLU, RoPE, no biases,
-# untied head), which the issue saw trapped the same way.
+# untied head), to see whether that block is trapped on the plateau the same way.
 SCALED_POST_LN_LLAMA = dataclasses.replace(
     SCALED_POST_LN,
     name="postln_scaled_llama",

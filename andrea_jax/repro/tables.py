@@ -9,7 +9,6 @@ from andrea_jax.repro import experiments, stats
 # The ProRes paper (arXiv 2603.05369): Table 2 (headline sizes), Table 6 (schedule ablation, 350M, L = 24) and
 # Figures 1-3 (depth 12-120).
 PAPER_POST_24 = {"none": 16.83, "linear": 15.15}      # equal and reverse diverge
-PAPER_PRE_24 = {"none": 15.21, "linear": 14.41, "equal": 15.06, "reverse": 15.65}
 PAPER_130M = {"pre": (14.67, 14.30), "post": (14.84, 14.72)}
 
 SUPERSEDED = """## Superseded: the first setup (300 and 1000 steps)
@@ -26,7 +25,8 @@ unchanged, as the superseded setup:
 """
 
 
-def f(x, digits=3, sign=False) -> str:
+def fmt_num(x, digits=3, sign=False) -> str:
+    """x with `digits` decimals (and its sign, with `sign`); n/a for None and non-finite values."""
     if x is None or not math.isfinite(x):
         return "n/a"
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
@@ -144,7 +144,7 @@ def comparison_rows(summaries: dict) -> list:
                      f"linear − none at LR 3e-3: {fmt_ci(ci)} nats", _holds_lower(ci)))
         sn, sl = arms["none"]["spike_score"], arms["linear"]["spike_score"]
         rows.append(("Figs. 1-3 (depth 12-120)", "fewer loss spikes with ProRes", "spikes near zero with ProRes",
-                     f"spike score none {f(sn['mean'], 4)}, linear {f(sl['mean'], 4)}; max residual RMS "
+                     f"spike score none {fmt_num(sn['mean'], 4)}, linear {fmt_num(sl['mean'], 4)}; max residual RMS "
                      f"linear − none {fmt_ci(arms['linear'].get('paired_max_resid_rms'))}",
                      "not measured" if not (sl["n"] and sn["n"]) else
                      "no difference (no spike in either)" if sl["mean"] == sn["mean"] == 0 else
@@ -152,12 +152,13 @@ def comparison_rows(summaries: dict) -> list:
         gn, gl = arms["none"]["final_rms_growth"], arms["linear"]["final_rms_growth"]
         rows.append(("Figs. 1-3 (depth 12-120)", "smaller activation growth with depth",
                      "about linear with ProRes, exponential without",
-                     f"RMS layer L / layer 1 at the end: none {f(gn['mean'], 2)}, linear {f(gl['mean'], 2)}; "
+                     f"RMS layer L / layer 1 at the end: none {fmt_num(gn['mean'], 2)}, "
+                     f"linear {fmt_num(gl['mean'], 2)}; "
                      f"R² of a linear / exponential fit over depth: none "
-                     f"{f(arms['none']['growth_linear_r2']['mean'], 2)} / "
-                     f"{f(arms['none']['growth_exponential_r2']['mean'], 2)}, "
-                     f"linear {f(arms['linear']['growth_linear_r2']['mean'], 2)} / "
-                     f"{f(arms['linear']['growth_exponential_r2']['mean'], 2)}",
+                     f"{fmt_num(arms['none']['growth_linear_r2']['mean'], 2)} / "
+                     f"{fmt_num(arms['none']['growth_exponential_r2']['mean'], 2)}, "
+                     f"linear {fmt_num(arms['linear']['growth_linear_r2']['mean'], 2)} / "
+                     f"{fmt_num(arms['linear']['growth_exponential_r2']['mean'], 2)}",
                      _holds_lower(arms["linear"].get("paired_final_rms_growth")) +
                      "; neither arm grows exponentially" * bool(
                          arms["none"]["growth_linear_r2"]["n"] and
@@ -241,13 +242,13 @@ def experiment_section(name: str, s: dict) -> list:
             out.append(f"- Gradient ratio block 1 / block L, {arm} (median over seeds) by step: " +
                        ", ".join(f"{st}: {r:.2g}" for st, r in a["grad_ratio_by_step"].items()) +
                        f"; at the end ||alpha F|| / ||x||, median over layers, seed mean: attention "
-                       f"{f(a['final_attn_ratio']['mean'], 2)}, MLP {f(a['final_mlp_ratio']['mean'], 2)}" +
+                       f"{fmt_num(a['final_attn_ratio']['mean'], 2)}, MLP {fmt_num(a['final_mlp_ratio']['mean'], 2)}" +
                        (f"; unscaled MLP branch ratio ||F|| / ||x|| (median over layers) at step T L / 2 "
                         f"{a['mid_warmup_mlp_branch_ratio']['mean']:.3g}, last block's update / parameter RMS, mean "
                         f"over the diagnostic steps {a['mean_update_ratio_last_block']['mean']:.3g}"
                         if a.get("mid_warmup_mlp_branch_ratio", {}).get("n") else "") + ".")
     out += ["", "Per run: " + "; ".join(
-        f"{n} {r['outcome']}, final {f(r['final_val_loss'])}, best {f(r['best_val_loss'])}"
+        f"{n} {r['outcome']}, final {fmt_num(r['final_val_loss'])}, best {fmt_num(r['best_val_loss'])}"
         f" ({r['seconds'] / 60:.1f} min)" for n, r in s["runs"].items()) + ".", ""]
     out += [f"![{p.rsplit('/', 1)[-1][:-4]}]({p})" + "\n" for p in s["figures"]]
     return out

@@ -27,6 +27,10 @@ Tasks (--task FILE.jsonl), scored as lm-evaluation-harness scores them zero-shot
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m andrea_jax.serve.evaluate: jax starts as the console scripts start
+    from andrea_jax import startup  # it (andrea_jax/commands.py), before the imports below import it
+    startup.start_jax()
+
 import argparse
 import dataclasses
 import pathlib

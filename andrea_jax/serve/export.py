@@ -27,6 +27,10 @@ Nothing is pickled in either format.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m andrea_jax.serve.export: jax starts as the console scripts start
+    from andrea_jax import startup  # it (andrea_jax/commands.py), before the imports below import it
+    startup.start_jax()
+
 import argparse
 import json
 import pathlib

@@ -13,6 +13,10 @@ new tokens must fit the context: a longer prompt is cut from the left, with a wa
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m andrea_jax.serve.generate: jax starts as the console scripts start
+    from andrea_jax import startup  # it (andrea_jax/commands.py), before the imports below import it
+    startup.start_jax()
+
 import argparse
 import functools
 import sys

@@ -18,6 +18,10 @@ functions `andrea-evaluate` uses; `generate_until` samples with andrea_jax.serve
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m andrea_jax.serve.lm_eval_adapter: jax starts as the console scripts start
+    from andrea_jax import startup  # it (andrea_jax/commands.py), before the imports below import it
+    startup.start_jax()
+
 import pathlib
 import sys
 

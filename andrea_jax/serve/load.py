@@ -22,11 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from tokenizers import Tokenizer
 
-from andrea_jax import checkpoint, config as config_lib, model as model_lib
+from andrea_jax import checkpoint, configs, mesh, model as model_lib
 from andrea_jax.model import hf, prores
-from andrea_jax.train import sharding
 from andrea_jax.config import Config
-from andrea_jax.errors import LoadError
+from andrea_jax.errors import ConfigError, LoadError
 from andrea_jax.workdir import Workdir
 
 NATIVE_WEIGHTS, NATIVE_CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"
@@ -54,14 +53,14 @@ class LoadedModel:
 def config_from_dict(tree: dict, where: str) -> Config:
     """A validated Config from its `to_dict()` form; unknown keys (from a newer version) are an error."""
     try:
-        return config_lib.from_dict(tree)
-    except config_lib.ConfigError as e:
+        return configs.from_dict(tree)
+    except ConfigError as e:
         raise LoadError(f"{where}: not a config of this version of andrea_jax ({e})") from None
 
 
 def _replicated():
     """Parameters for inference live whole on every device of the default mesh."""
-    return jax.sharding.NamedSharding(sharding.make_mesh(), jax.sharding.PartitionSpec())
+    return jax.sharding.NamedSharding(mesh.make_mesh(), jax.sharding.PartitionSpec())
 
 
 def _restore_params(step_dir: pathlib.Path, cfg: Config):

@@ -14,8 +14,8 @@ import numpy as np
 from andrea_jax.config import Config
 from andrea_jax.errors import ConfigError, TaskError
 from andrea_jax.serve import load
-from andrea_jax.train import hooks, loop
 from andrea_jax.serve.scoring import DEFAULT_BATCH, loglikelihood
+
 
 @dataclasses.dataclass(frozen=True)
 class ChoiceExample:
@@ -126,21 +126,12 @@ def read_training_tasks(cfg: Config) -> dict:
     return read
 
 
-def training_hooks(cfg: Config) -> tuple[hooks.Hook, ...]:
-    """train.eval_tasks as a hook of the training loop (none without tasks): at every evaluation,
-    the tasks scored on the current parameters by the code of `evaluate --task` (the same numbers
-    as on that step's checkpoint), as {task/NAME/METRIC: value}. The task files are read here, so
-    a bad one fails before the loop tokenizes anything."""
-    tasks = read_training_tasks(cfg)
-    if not tasks:
-        return ()
-
-    def score_tasks(ctx: hooks.Context, state: hooks.LoopState, step: int) -> dict:
-        loaded = load.LoadedModel(ctx.cfg, state.train.params, ctx.corpus.tokenizer, step, str(ctx.run_dir.root))
-        line = {}
-        for name, examples in tasks.items():
-            metrics = score_task(loaded, examples)
-            line |= {f"task/{name}/{k}": float(v) for k, v in metrics.items() if k not in ("kind", "n")}
-        return line
-
-    return (hooks.Hook("tasks", loop.at_eval(cfg), score_tasks),)
+def score_tasks(loaded: load.LoadedModel, tasks: dict) -> dict:
+    """{task/NAME/METRIC: value} of the tasks ({name: examples}, as read_training_tasks returns them)
+    on a model: the numbers of `evaluate --task`. The in-loop hook of train.eval_tasks (andrea_jax.cli)
+    scores them at every evaluation."""
+    line = {}
+    for name, examples in tasks.items():
+        metrics = score_task(loaded, examples)
+        line |= {f"task/{name}/{k}": float(v) for k, v in metrics.items() if k not in ("kind", "n")}
+    return line

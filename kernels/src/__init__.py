@@ -1,6 +1,7 @@
 """Fused ops for transformer blocks, with one dispatch point that picks the backend.
 
-Stands alone: usable by any JAX model, imports nothing of andrea_jax.
+Stands alone: usable by any JAX model, imports nothing of andrea_jax but its errors and the names of
+its backends (andrea_jax.names.KERNEL_IMPLS, which the config checks `kernels.impl` against).
 Backends (`impl`):
 - `xla`: the jnp reference in `reference.py`, left to XLA's own fusion;
 - `pallas`: Pallas kernels (`pallas_ops.py`) under `jax.custom_vjp` (`fused.py`); Triton-lowered
@@ -18,9 +19,7 @@ import jax.numpy as jnp
 from andrea_jax.kernels import reference
 from andrea_jax.kernels.platform import target_backend  # noqa: F401  (the model asks it too)
 from andrea_jax.errors import KernelUnavailableError  # noqa: F401  (callers catch it here)
-
-IMPLS = ("auto", "xla", "pallas", "triton")
-
+from andrea_jax.names import KERNEL_IMPLS as IMPLS
 
 
 def resolve(impl: str) -> str:
