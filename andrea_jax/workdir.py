@@ -16,8 +16,8 @@ any clean-up; the file only records who held it last, for the message.
 and which data it sees: the model, ProRes, the data's identity, the seed and the batch. Changing
 the length of the run or the optimizer's schedule is allowed only when confirmed, since it
 re-stretches the LR schedule from the current step on. Everything else (logging, evaluation,
-checkpointing, kernels, the mesh, remat, the attention backend, and paths that only say where
-things are stored) is free: the data loader still checks the content it resumes on
+checkpointing, kernels, the mesh, remat, the attention backend, the loss's chunks, and paths that
+only say where things are stored) is free: the data loader still checks the content it resumes on
 (andrea_jax.data.loader.state_fingerprint).
 """
 from __future__ import annotations
@@ -119,7 +119,8 @@ def held(workdir: pathlib.Path):
             f.close()  # closing drops the flock
 
 # Where things are stored, or how a step is computed without changing what it computes.
-FREE = {"model.remat", "model.attention", "data.path", "data.data_dir", "data.tokenizer", "data.tfds_download"}
+FREE = {"model.remat", "model.attention", "model.loss_chunks", "data.path", "data.data_dir", "data.tokenizer",
+        "data.tfds_download"}
 IDENTITY_SECTIONS = ("model", "prores", "data")
 IDENTITY_KEYS = ("train.seed", "train.batch_size")
 # Only matter to a step whose gradient is not finite: switching skipping on to get past a NaN is fine.

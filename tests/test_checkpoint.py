@@ -193,8 +193,8 @@ def changed(value):
 
 
 # What may change on resume, as docs/TRAINING.md ("Safe resume") states it, by key.
-FREE = {"model.remat", "model.attention", "data.path", "data.data_dir", "data.tokenizer", "data.tfds_download",
-        "optim.skip_nonfinite", "optim.max_consecutive_skips"}
+FREE = {"model.remat", "model.attention", "model.loss_chunks", "data.path", "data.data_dir", "data.tokenizer",
+        "data.tfds_download", "optim.skip_nonfinite", "optim.max_consecutive_skips"}
 
 
 def expected_kind(key: str) -> str:

@@ -22,7 +22,7 @@ import optax
 from flax.training import train_state
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from andrea_jax.train import diagnostics as diag_lib, optim, sharding
+from andrea_jax.train import chunked_loss, diagnostics as diag_lib, optim, sharding
 from andrea_jax import model as model_lib
 from andrea_jax.data import segments
 from andrea_jax.model import depth, prores
@@ -54,9 +54,26 @@ def _apply(params, model, tokens_BT1, alphas_L, eot_id):
     return model.apply({"params": params}, tokens_BT, alphas_L, **document_inputs(model, tokens_BT, eot_id))
 
 
+def loss_model(cfg: Config, **kwargs):
+    """The model the train and eval steps apply: padded logits, or with model.loss_chunks the
+    logits' operands, which `losses` turns into the loss a chunk at a time."""
+    return model_lib.Andrea(cfg.model, cfg.kernels.impl, padded_logits=True,
+                            head_operands=cfg.model.loss_chunks > 0, **kwargs)
+
+
+def losses(out, model, targets_BT, z_loss: float = 0.0):
+    """(mean cross-entropy, z-loss term or None when the coefficient is 0) of the model's output:
+    from its logits, or from their operands in model.loss_chunks chunks of positions."""
+    if not model.head_operands:
+        return cross_entropy(out.logits, targets_BT), (z_loss_term(out.logits, z_loss) if z_loss else None)
+    ce, mean_sq_lse = chunked_loss.losses(*out.logits, targets_BT, model.cfg.vocab_size, model.cfg.loss_chunks,
+                                          model.scan_unroll)
+    return ce, (z_loss * mean_sq_lse if z_loss else None)
+
+
 def loss_fn(params, model, tokens_BT1, alphas_L, eot_id: int | None = None):
     """Mean cross-entropy of the batch's next tokens; eot_id: data.document_mask's (None: off)."""
-    return cross_entropy(_apply(params, model, tokens_BT1, alphas_L, eot_id).logits, tokens_BT1[:, 1:])
+    return losses(_apply(params, model, tokens_BT1, alphas_L, eot_id), model, tokens_BT1[:, 1:])[0]
 
 
 def objective(params, model, tokens_BT1, alphas_L, z_loss: float = 0.0, eot_id: int | None = None):
@@ -64,8 +81,7 @@ def objective(params, model, tokens_BT1, alphas_L, z_loss: float = 0.0, eot_id: 
     dict of `stats` (the scan's per-layer statistics of a model built with diagnostics=True, else
     None) and `z_loss` (its term; None when the coefficient is 0)."""
     out = _apply(params, model, tokens_BT1, alphas_L, eot_id)
-    loss = cross_entropy(out.logits, tokens_BT1[:, 1:])
-    z = z_loss_term(out.logits, z_loss) if z_loss else None
+    loss, z = losses(out, model, tokens_BT1[:, 1:], z_loss)
     return loss + (0.0 if z is None else z), (loss, {"stats": out.stats, "z_loss": z})
 
 
@@ -201,8 +217,7 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
     tokenizer's <|endoftext|>, where data.document_mask cuts the rows into documents (0 in the
     tokenizers trained here; the trainer passes its run's)."""
     sharding.check(cfg, mesh)
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, diagnostics=with_diagnostics, padded_logits=True,
-                             scan_unroll=scan_unroll)
+    model = loss_model(cfg, diagnostics=with_diagnostics, scan_unroll=scan_unroll)
     schedule = optim.lr_schedule(cfg.optim, cfg.train.steps)
     state_sh = state_shardings(cfg, mesh)
 
@@ -234,7 +249,7 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
 def make_eval_step(cfg: Config, mesh: jax.sharding.Mesh, eot_id: int = 0):
     """(params, step, tokens_BT1, bytes_per_token_V) -> (mean loss, UTF-8 bytes of the targets);
     eot_id as make_train_step's."""
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, padded_logits=True)
+    model = loss_model(cfg)
 
     def eval_step(params, step, tokens_BT1, bytes_per_token_V):
         loss = loss_fn(params, model, tokens_BT1, prores.run_alphas(cfg, step), _eot_if_masked(cfg, eot_id))
@@ -252,7 +267,7 @@ def make_knockout_step(cfg: Config, mesh: jax.sharding.Mesh, eot_id: int = 0):
     alphas, which are an input of the model, so nothing is retraced or copied. The masks go
     diagnostics.knockout_chunk at a time through one vmapped forward (lax.map over the chunks;
     0: all L at once), which bounds the activations held to a chunk's. eot_id as make_train_step's."""
-    model = model_lib.Andrea(cfg.model, cfg.kernels.impl, padded_logits=True)
+    model = loss_model(cfg)
     chunk = cfg.diagnostics.knockout_chunk or cfg.model.n_layer
 
     def knockout_step(params, step, tokens_BT1):
