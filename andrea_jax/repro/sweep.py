@@ -149,13 +149,13 @@ def plan(exps: dict, runs_root: pathlib.Path, extra=()) -> dict:
     return runs
 
 
-def slurm_script(sweep: Sweep, runs: dict, code: pathlib.Path, gpus_per_run: int) -> str:
+def slurm_script(name: str, runs: dict, code: pathlib.Path, gpus_per_run: int) -> str:
     """An sbatch job array, task i running the i-th command of `runs` from the code snapshot."""
     commands = [shlex.join(command) for command, _, _ in runs.values()]
     logs = code.parent / "slurm"
     return "\n".join([
         "#!/bin/bash",
-        f"#SBATCH --job-name={sweep.name}",
+        f"#SBATCH --job-name={name}",
         f"#SBATCH --array=0-{len(commands) - 1}",
         "#SBATCH --requeue",                  # a preempted task goes back in the queue and resumes
         "#SBATCH --signal=TERM@120",          # SIGTERM 2 min before the time limit: the trainer checkpoints
@@ -200,6 +200,36 @@ def load_spec(path: str) -> Sweep | experiments.Experiment:
     return sweep
 
 
+def launch(name: str, exps: dict, chosen: dict, runs_root: pathlib.Path, args) -> None:
+    """Train the `chosen` groups of `exps` into runs_root: the code snapshot (once), each group's
+    experiment.json, then either the Slurm array (args.slurm) or the runs, locally, each group
+    adding its share of the wall time to its wall.json. `args` holds the command's set, jobs,
+    slurm, gpus_per_run, gpus and toy."""
+    runs = plan(chosen, runs_root, args.set)
+    code = runs_root / "code"
+    if not code.exists():
+        runner.snapshot_code(ROOT, code)
+    for exp in exps.values():
+        (runs_root / exp.name).mkdir(parents=True, exist_ok=True)
+        (runs_root / exp.name / "experiment.json").write_text(json.dumps(
+            {"toy": getattr(args, "toy", False), "seeds": list(exp.seeds), "arms": list(exp.arms), "extra": args.set,
+             "jobs": args.jobs}, indent=1))
+    if args.slurm:
+        path = runs_root / "sweep.sbatch"
+        path.write_text(slurm_script(name, runs, code, args.gpus_per_run))
+        print(f"wrote {path}: {len(runs)} array tasks; submit with: sbatch {path}")
+        return
+    slots = None
+    if args.gpus_per_run:
+        slots = device_sets(args.gpus.split(",") if args.gpus else visible_gpus(), args.gpus_per_run)
+    seconds = runner.run_all(runs, code, args.jobs, resume=True, device_sets=slots)
+    share = seconds / len(chosen)  # the groups ran together: each gets its part
+    for exp in chosen.values():  # the wall time the report quotes, summed over invocations
+        wall = runs_root / exp.name / "wall.json"
+        before = json.loads(wall.read_text())["seconds"] if wall.is_file() else 0.0
+        wall.write_text(json.dumps({"seconds": before + share}))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="a Python file defining SWEEP = Sweep(...)")
@@ -230,31 +260,10 @@ def main(argv=None) -> int:
         default_runs = ROOT / "runs" / ("prores_repro" if reproduction else f"sweeps/{sweep.name}")
         runs_root = (args.runs or default_runs).resolve()
         chosen = select(exps, args.groups, args.arms)
-        runs = plan(chosen, runs_root, args.set)
-        code = runs_root / "code"
         if not args.report or args.slurm:
-            if not code.exists():
-                runner.snapshot_code(ROOT, code)
-            for exp in exps.values():
-                (runs_root / exp.name).mkdir(parents=True, exist_ok=True)
-                (runs_root / exp.name / "experiment.json").write_text(json.dumps(
-                    {"toy": args.toy, "seeds": list(exp.seeds), "arms": list(exp.arms), "extra": args.set,
-                     "jobs": args.jobs}, indent=1))
-        if args.slurm:
-            path = runs_root / "sweep.sbatch"
-            path.write_text(slurm_script(sweep, runs, code, args.gpus_per_run))
-            print(f"wrote {path}: {len(runs)} array tasks; submit with: sbatch {path}")
-            return 0
-        if not args.report:
-            slots = None
-            if args.gpus_per_run:
-                slots = device_sets(args.gpus.split(",") if args.gpus else visible_gpus(), args.gpus_per_run)
-            seconds = runner.run_all(runs, code, args.jobs, resume=True, device_sets=slots)
-            share = seconds / len(chosen)  # the groups ran together: each gets its part
-            for exp in chosen.values():  # the wall time the report quotes, summed over invocations
-                wall = runs_root / exp.name / "wall.json"
-                before = json.loads(wall.read_text())["seconds"] if wall.is_file() else 0.0
-                wall.write_text(json.dumps({"seconds": before + share}))
+            launch(sweep.name, exps, chosen, runs_root, args)
+            if args.slurm:
+                return 0
         from andrea_jax.repro import report
         out = (args.out or (ROOT / "docs" if reproduction else runs_root / "report")).resolve()
         written = report.write_all(runs_root, out, exps=None if reproduction else exps)
