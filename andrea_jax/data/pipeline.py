@@ -187,7 +187,7 @@ def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None)
 def fingerprint(cfg, corpus: TokenizedCorpus) -> dict:
     return loader.state_fingerprint(tokens_key=corpus.key, n_tokens=corpus.n_train,
                                     seq_len=cfg.model.seq_len, global_batch=cfg.train.batch_size,
-                                    seed=cfg.train.seed)
+                                    seed=cfg.train.order_seed)
 
 
 def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None,
@@ -198,7 +198,7 @@ def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None
     count = jax.process_count() if process_count is None else process_count
     m_cfg, t_cfg = cfg.model, cfg.train
     corpus = tokenized_corpus(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
-    split = dict(seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.seed,
+    split = dict(seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.order_seed,
                  process_index=index, process_count=count)
     batches = loader.train_iterator(mixture_lib.train_dataset(corpus.mixture, **split) if corpus.mixture
                                     else loader.train_dataset(corpus.train_tokens, **split))
