@@ -169,7 +169,7 @@ def test_the_step_line_carries_each_sources_tokens_so_far(datasets, tmp_path):
     counts = np.bincount(rows[:, 0] // 10000, minlength=len(SIZES))
     ctx = SimpleNamespace(cfg=cfg, corpus=corpus, peak_flops=0)
     state = SimpleNamespace(step_metrics={"loss": 1.0}, last_step=6, last_time=time.perf_counter() - 1,
-                            skipped=None, spike=None)
-    line = hooks.step_line(ctx, state, 7)
+                            train=SimpleNamespace(opt_state=()))
+    line = hooks.step_line(ctx, state, 7, {})
     assert {k: v for k, v in line.items() if k.startswith("tokens/")} == {
         f"tokens/ds{s}": int(c) * SEQ_LEN for s, c in enumerate(counts)}

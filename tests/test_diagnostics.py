@@ -293,9 +293,9 @@ def test_the_evaluation_hook_logs_the_spike_score_of_the_run_s_losses():
                         bytes_per_token_V=None, metrics=types.SimpleNamespace(step_losses=list(losses)), bar=None)
     hook = next(h for h in trainer.step_hooks(cfg, has_checkpoints=False) if h.name == "spike_score")
     assert hook.due(cfg.train.steps) and hook.due(cfg.train.eval_every)  # at every evaluation
-    assert hook.fn(ctx, None, 20) == {"spike_score": 3 / 16}  # 3 of the 16 scored steps
+    assert hook.fn(ctx, None, 20, {}) == {"spike_score": 3 / 16}  # 3 of the 16 scored steps
     assert 3 / 16 == flags.sum() / (20 - 4)
-    assert hooks.validate(ctx, None, 20) == {}  # no validation batches: no validation metrics
+    assert hooks.validate(ctx, None, 20, {}) == {}  # no validation batches: no validation metrics
 
 
 def test_a_skipped_nonfinite_loss_is_a_spike_and_leaves_later_windows_alone():

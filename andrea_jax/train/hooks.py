@@ -1,21 +1,20 @@
-"""What the training loop does besides stepping: the hook functions and what they share.
+"""The hooks of the training loop: what a hook is, what it is given, and the hook functions.
 
 A hook is `Hook(name, every, fn)`: `every` is N (every N steps) or a predicate of the step, and
-`fn(ctx, state, step)` returns the metrics it adds to the step's line. `ctx` is the run's frozen
-`Context` (settings, places, compiled steps, sinks); `state` the `LoopState` the loop carries
-from step to step. andrea_jax/train/loop.py lists the hooks, their rules and their order.
-
-`sync` is the host's wait for the devices: there it checks the loss of every step since the
-last wait, so a non-finite loss is reported at its own step and before any checkpoint could
-hold its update.
+`fn(ctx, state, step, line)` returns the metrics it adds to the step's line. `ctx` is the run's
+frozen `Context` (settings, places, compiled steps, sinks); `state` the `LoopState` the loop
+carries from step to step, which only the loop writes; `line` what the hooks due before it at
+this step returned, merged (read-only). Hooks hand each other data only through what they
+return. Two flags say what a hook needs of the loop: `on_stop` (also run at the step a signal
+stops the run) and `writes_line` (the step's line is written when it is due). The loop never
+reads a hook's name. andrea_jax/train/loop.py lists the hooks, their rules and their order, and
+runs them.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import sys
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +29,11 @@ from andrea_jax.workdir import Workdir
 
 
 class Hook(NamedTuple):
-    name: str
+    name: str                     # for people and tests: the loop goes by the fields below
     every: int | Callable[[int], bool]  # N: every N steps (0: never); or whether a step owes it
-    fn: Callable[["Context", "LoopState", int], dict]  # the metrics it adds to the step's line
+    fn: Callable[["Context", "LoopState", int, Mapping], dict]  # the metrics it adds to the step's line
+    on_stop: bool = False         # also due at the step a signal stops the run (the checkpoint)
+    writes_line: bool = False     # when it is due the step's line is written (the log)
 
     def due(self, step: int) -> bool:
         if callable(self.every):
@@ -43,7 +44,8 @@ class Hook(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class Context:
     """What does not change while the loop runs: the run's settings and places, the compiled
-    steps, and where lines go (the metrics log keeps every step's loss, for the spike score)."""
+    steps, and where lines go (the metrics log keeps every step's loss, for the spike score).
+    andrea_jax.train.loop.context builds it."""
     cfg: Config
     run_dir: Workdir
     ckpt: object                  # orbax CheckpointManager; None with train.checkpoint_every=0
@@ -69,14 +71,12 @@ class Context:
 
 @dataclasses.dataclass
 class LoopState:
-    """What the loop carries from step to step."""
+    """What the loop carries from step to step; the loop writes it, hooks only read it."""
     train: object                 # the train state
     last_step: int                # the step of the last line (or the start)
     step_metrics: dict | None = None  # the latest step's, on the device
-    pending_losses: list = dataclasses.field(default_factory=list)  # on the device until `sync`
-    skipped: int | None = None    # updates skipped so far (optim.skip_nonfinite)
-    spikes_seen: int = 0          # loss spikes skipped (optim.skip_spikes) already reported
-    spike: dict | None = None     # the latest skipped spike not yet in a metric line
+    pending_losses: list = dataclasses.field(default_factory=list)  # on the device until the loop's wait
+    spikes_seen: int = 0          # loss spikes skipped (optim.skip_spikes) already reported on stderr
     lines: list = dataclasses.field(default_factory=list)  # the lines written by this call
     last_time: float = dataclasses.field(default_factory=time.perf_counter)  # when the last line was written
 
@@ -85,55 +85,21 @@ def _all_finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def report_spikes(ctx: Context, state: LoopState) -> None:
-    """optim.skip_spikes: says on stderr how many loss spikes were skipped since the last wait and
-    which blocks' gradient norms jumped most (over their window means) at the latest, and keeps
-    that spike for the next metric line."""
-    spikes = optim.spike_state(state.train.opt_state)
+def latest_spike(opt_state) -> tuple[int, dict | None]:
+    """optim.skip_spikes: how many loss spikes were skipped so far, and the latest one as a metric
+    line's fields (None before the first, or with spike skipping off)."""
+    spikes = optim.spike_state(opt_state)
     if spikes is None:
-        return
+        return 0, None
     s = jax.device_get(spikes._replace(inner_state=None))
-    new = int(s.skipped) - state.spikes_seen
-    if new <= 0:
-        return
-    state.spikes_seen = int(s.skipped)
-    jump_L = [float(j) for j in s.last_jump_L]
-    top = sorted(range(len(jump_L)), key=lambda l: -jump_L[l])[:3]
-    spike = state.spike = {"spike_step": int(s.last_step) + 1, "spike_loss": float(s.last_loss),
-                 "spike_window_mean": float(s.last_mean), "spike_window_std": float(s.last_std),
-                 "spike_grad_jump": jump_L}
-    if jax.process_index() == 0:  # through the bar, which would otherwise run into the line
-        ctx.bar.write(f"warning: {new} loss spike(s) skipped (optim.skip_spikes={ctx.cfg.optim.skip_spikes}), "
-                      f"{state.spikes_seen} so far; the latest at step {spike['spike_step']}: loss "
-                      f"{spike['spike_loss']:.4f} against {spike['spike_window_mean']:.4f} +- "
-                      f"{spike['spike_window_std']:.4f}; block gradient norms jumped most in "
-              + ", ".join(f"block {l + 1} (x{jump_L[l]:.3g})" for l in top), file=sys.stderr)
+    if int(s.skipped) == 0:
+        return 0, None
+    return int(s.skipped), {"spike_step": int(s.last_step) + 1, "spike_loss": float(s.last_loss),
+                            "spike_window_mean": float(s.last_mean), "spike_window_std": float(s.last_std),
+                            "spike_grad_jump": [float(j) for j in s.last_jump_L]}
 
 
-def sync(ctx: Context, state: LoopState, step: int) -> None:
-    """Waits for the devices; raises TrainingError at the first non-finite loss since the last
-    wait (unless optim.skip_nonfinite) or when too many updates in a row were skipped."""
-    new_losses = [float(v) for v in jax.device_get(state.pending_losses)]
-    state.pending_losses.clear()
-    ctx.metrics.step_losses += new_losses
-    report_spikes(ctx, state)
-    o = ctx.cfg.optim
-    if not o.skip_nonfinite:
-        bad = next((i for i, v in enumerate(new_losses) if not math.isfinite(v)), None)
-        if bad is not None:
-            raise TrainingError(f"non-finite loss {new_losses[bad]} at step {step - len(new_losses) + 1 + bad}; "
-                                f"{ctx.where} (optim.skip_nonfinite=true skips such updates)")
-        return
-    counts = jax.device_get(optim.skip_counts(state.train.opt_state))
-    in_a_row = int(counts["skipped_in_a_row"])
-    if in_a_row >= o.max_consecutive_skips:
-        raise TrainingError(f"the last {in_a_row} updates (steps {step - in_a_row + 1}-{step}) had non-finite "
-                            f"gradients and were skipped (optim.max_consecutive_skips={o.max_consecutive_skips}): "
-                            f"the run is stuck; {ctx.where}")
-    state.skipped = int(counts["skipped_updates"])
-
-
-def save_checkpoint(ctx: Context, state: LoopState, step: int) -> dict:
+def save_checkpoint(ctx: Context, state: LoopState, step: int, line: Mapping) -> dict:
     if not bool(_all_finite(state.train.params)):  # a finite loss, then an overflowing update
         raise TrainingError(f"the parameters after step {step} are not finite; {ctx.where}")
     checkpoint.save(ctx.ckpt, step, state.train, pipeline.get_state(ctx.batches, ctx.cfg, ctx.corpus),
@@ -141,59 +107,36 @@ def save_checkpoint(ctx: Context, state: LoopState, step: int) -> dict:
     return {}
 
 
-def step_line(ctx: Context, state: LoopState, step: int) -> dict:
-    """The step's own metrics, the throughput since the last line, each mixed source's tokens so far,
-    and what sync saw."""
-    line = metric_line(step, state.step_metrics)
+def step_line(ctx: Context, state: LoopState, step: int, line: Mapping) -> dict:
+    """The step's own metrics, the throughput since the last line, each mixed source's tokens so
+    far, the updates skipped so far and the latest loss spike if no line holds it yet."""
+    out = metric_line(step, state.step_metrics)
     tokens = ctx.cfg.train.batch_size * ctx.cfg.model.seq_len * (step - state.last_step)
-    line["tokens_per_sec"] = tokens / (time.perf_counter() - state.last_time)
+    out["tokens_per_sec"] = tokens / (time.perf_counter() - state.last_time)
     if ctx.peak_flops:
-        line["mfu"] = mfu.mfu(line["tokens_per_sec"], ctx.flops_per_token, ctx.peak_flops, jax.device_count())
-    line |= pipeline.tokens_by_source(ctx.cfg, ctx.corpus, step)   # data.mixture: cumulative, per source
-    if state.skipped is not None:
-        line["skipped_updates"] = state.skipped
-    if state.spike is not None:
-        line |= state.spike
-        state.spike = None
-    return line
+        out["mfu"] = mfu.mfu(out["tokens_per_sec"], ctx.flops_per_token, ctx.peak_flops, jax.device_count())
+    out |= pipeline.tokens_by_source(ctx.cfg, ctx.corpus, step)   # data.mixture: cumulative, per source
+    if ctx.cfg.optim.skip_nonfinite:
+        out["skipped_updates"] = int(jax.device_get(optim.skip_counts(state.train.opt_state)["skipped_updates"]))
+    _, spike = latest_spike(state.train.opt_state)
+    if spike is not None and spike["spike_step"] > state.last_step:  # after the last line: not in one yet
+        out |= spike
+    return out
 
 
-def validate(ctx: Context, state: LoopState, step: int) -> dict:
+def validate(ctx: Context, state: LoopState, step: int, line: Mapping) -> dict:
     """The validation loss (and bits per byte, knockout) of the current parameters, printed."""
     if not ctx.val:
         return {}
-    line = steps.evaluate(ctx.eval_step, state.train.params, state.train.step, ctx.val, ctx.bytes_per_token_V)
+    out = steps.evaluate(ctx.eval_step, state.train.params, state.train.step, ctx.val, ctx.bytes_per_token_V)
     loss = float(jax.device_get(state.step_metrics["loss"]))
-    ctx.bar.write(f"step {step}: loss {loss:.4f}  val_loss {line['val_loss']:.4f}")
+    ctx.bar.write(f"step {step}: loss {loss:.4f}  val_loss {out['val_loss']:.4f}")
     if ctx.knockout_step is not None:
-        line["knockout"] = steps.knockout(ctx.knockout_step, state.train.params, state.train.step, ctx.val,
-                                          line["val_loss"])
-    return line
+        out["knockout"] = steps.knockout(ctx.knockout_step, state.train.params, state.train.step, ctx.val,
+                                         out["val_loss"])
+    return out
 
 
-def spike_score(ctx: Context, state: LoopState, step: int) -> dict:
+def spike_score(ctx: Context, state: LoopState, step: int, line: Mapping) -> dict:
     g = ctx.cfg.diagnostics
     return {"spike_score": diagnostics.spike_score(ctx.metrics.step_losses, g.spike_window, g.spike_sigmas)}
-
-
-def write_line(ctx: Context, state: LoopState, step: int, line: dict) -> None:
-    state.lines.append(line)
-    ctx.metrics.write(line)
-    ctx.bar.set_postfix({k: f"{line[k]:.3g}" for k in ("loss", "val_loss", "tokens_per_sec") if k in line})
-    ctx.bar.update(step - ctx.bar.n)
-    state.last_time, state.last_step = time.perf_counter(), step
-
-
-def close(ctx: Context, state: LoopState) -> None:
-    """At the end, however the loop ended: the losses up to a failed step are kept too."""
-    ctx.bar.close()
-    ctx.metrics.step_losses += [float(v) for v in jax.device_get(state.pending_losses)]
-    ctx.metrics.close()
-    if ctx.ckpt is not None:
-        ctx.ckpt.wait_until_finished()  # train() closes it
-
-
-def warn_unreadable(restored, ckpt) -> None:
-    if restored.unreadable and jax.process_index() == 0:
-        print(f"warning: {'; '.join(restored.unreadable)}: cannot be restored, left in place; resuming "
-              f"from {ckpt.directory}/{restored.step}", file=sys.stderr, flush=True)

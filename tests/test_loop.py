@@ -1,0 +1,123 @@
+"""The step loop's contract with its hooks, on a fake run that compiles nothing: the loop goes by
+a hook's flags (`on_stop`, `writes_line`), never its name; a hook's result reaches the hooks after
+it at the same step, read-only; the step line holds a skipped loss spike until a line has it."""
+import dataclasses
+import operator
+import signal
+import types
+
+import numpy as np
+import pytest
+
+from andrea_jax import config as config_lib
+from andrea_jax.train import hooks, loop as trainer, optim, preemption
+
+
+class Bar:
+    n = 0
+
+    def __init__(self):
+        self.written = []
+
+    def write(self, text, file=None):
+        self.written.append(text)
+
+    def set_postfix(self, postfix):
+        pass
+
+    def update(self, k):
+        self.n += k
+
+
+class StopAt:
+    """A signal that arrives during step `step` (0: none)."""
+
+    def __init__(self, step):
+        self.step, self.asked = step, 0
+
+    def agreed(self, *, at_sync_point):
+        self.asked += 1
+        return signal.SIGTERM if self.asked == self.step else 0
+
+
+def fake_run(tmp_path, steps):
+    cfg = config_lib.Config()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps, profile=""),
+                              diagnostics=dataclasses.replace(cfg.diagnostics, every=0))
+    written = []
+    ctx = hooks.Context(cfg=cfg, run_dir=types.SimpleNamespace(root=tmp_path), ckpt=None,
+                        batches=iter(np.zeros((steps, 1, 2), np.int32)), corpus=None, val=[], eval_step=None,
+                        bytes_per_token_V=None, metrics=types.SimpleNamespace(step_losses=[], write=written.append),
+                        bar=Bar())
+    state = hooks.LoopState(types.SimpleNamespace(opt_state=()), last_step=0)
+    step_fn = lambda train, batch: (train, {"loss": np.float32(1.0)})
+    return ctx, state, (step_fn, step_fn), written
+
+
+def record(ran, name, out=None):
+    def fn(ctx, state, step, line):
+        ran.append((name, step))
+        return dict(out or {})
+    return fn
+
+
+def test_the_loop_goes_by_a_hook_s_flags_not_its_name(tmp_path):
+    ctx, state, step_fns, written = fake_run(tmp_path, steps=6)
+    ran = []
+    step_hooks = [hooks.Hook("save", 0, record(ran, "save"), on_stop=True),
+                  hooks.Hook("checkpoint", 0, record(ran, "checkpoint")),  # the names the loop once went by
+                  hooks.Hook("line", 2, lambda ctx, state, step, line: {"step": step}, writes_line=True),
+                  hooks.Hook("log", 3, record(ran, "log", {"log": True}))]
+    with pytest.raises(preemption.Stopped) as stopped:
+        trainer._steps(ctx, state, step_fns, lambda rows: rows, StopAt(5), step_hooks)
+    assert stopped.value.step == 5 and stopped.value.signum == signal.SIGTERM
+    assert ran == [("log", 3), ("save", 5)]  # the stop runs the on_stop hook only; "checkpoint" never runs
+    assert written == state.lines == [{"step": 2}, {"step": 4}]  # "log" is due at 3, but writes no line
+    assert state.last_step == 4 and ctx.metrics.step_losses == [1.0] * 5
+
+
+def test_a_hook_s_result_reaches_the_hooks_after_it_in_the_same_step(tmp_path):
+    ctx, state, step_fns, written = fake_run(tmp_path, steps=4)
+    step_hooks = [hooks.Hook("first", 1, lambda ctx, state, step, line: {"first": step}),
+                  hooks.Hook("second", 1, lambda ctx, state, step, line: {"second_saw": dict(line)},
+                             writes_line=True),
+                  hooks.Hook("third", 2, lambda ctx, state, step, line: {"third_saw": sorted(line)})]
+    trainer._steps(ctx, state, step_fns, lambda rows: rows, StopAt(0), step_hooks)
+    assert written == [{"first": 1, "second_saw": {"first": 1}},
+                       {"first": 2, "second_saw": {"first": 2}, "third_saw": ["first", "second_saw"]},
+                       {"first": 3, "second_saw": {"first": 3}},
+                       {"first": 4, "second_saw": {"first": 4}, "third_saw": ["first", "second_saw"]}]
+    # what a hook is handed is read-only: it adds to the line by returning, nothing else
+    writer = hooks.Hook("writer", 1, lambda ctx, state, step, line: operator.setitem(line, "x", 1) or {})
+    with pytest.raises(TypeError):
+        trainer.run_hooks(ctx, state, 5, [step_hooks[0], writer])
+
+
+def spiky_opt_state(skipped, last_step):
+    return (optim.SpikeState(losses_W=np.zeros(3, np.float32), block_norms_WL=np.zeros((3, 2), np.float32),
+                             taken=np.int32(3), skipped=np.int32(skipped), last_step=np.int32(last_step),
+                             last_loss=np.float32(5.0), last_mean=np.float32(2.0), last_std=np.float32(0.5),
+                             last_jump_L=np.array([1.5, 3.0], np.float32), inner_state=()),)
+
+
+def test_the_step_line_holds_the_latest_spike_until_a_line_has_it(tmp_path):
+    ctx, state, _, _ = fake_run(tmp_path, steps=20)
+    ctx = dataclasses.replace(ctx, corpus=types.SimpleNamespace(mixture=None))
+    state.step_metrics = {"loss": np.float32(5.0)}
+    state.train = types.SimpleNamespace(opt_state=spiky_opt_state(skipped=2, last_step=8))  # skipped at step 9
+    spike = {"spike_step": 9, "spike_loss": 5.0, "spike_window_mean": 2.0, "spike_window_std": 0.5,
+             "spike_grad_jump": [1.5, 3.0]}
+    for last_line, has_it in [(8, True), (9, False), (12, False)]:
+        state.last_step = last_line
+        line = hooks.step_line(ctx, state, 12, {})
+        assert {k: line[k] for k in spike if k in line} == (spike if has_it else {}), last_line
+    state.train = types.SimpleNamespace(opt_state=spiky_opt_state(skipped=0, last_step=-1))  # none yet
+    state.last_step = 0
+    assert not any(k.startswith("spike_") for k in hooks.step_line(ctx, state, 1, {}))
+    # the loop's wait warns once per new spike, with the latest
+    state.spikes_seen, state.train = 1, types.SimpleNamespace(opt_state=spiky_opt_state(skipped=2, last_step=8))
+    trainer.sync(ctx, state, 12)
+    trainer.sync(ctx, state, 13)
+    assert state.spikes_seen == 2 and len(ctx.bar.written) == 1
+    assert "1 loss spike(s) skipped" in ctx.bar.written[0] and "latest at step 9" in ctx.bar.written[0]
+    assert "block 2 (x3), block 1 (x1.5)" in ctx.bar.written[0]
