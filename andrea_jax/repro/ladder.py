@@ -303,12 +303,9 @@ def main(argv=None) -> int:
         if unknown := sorted(set(args.rungs or ()) - set(ladder.rungs)):
             raise ConfigError(f"--rungs {' '.join(unknown)}: the ladder's rungs are {list(ladder.rungs)}")
         chosen = sweep.select(exps, args.rungs, args.arms)
-        if not args.report or args.slurm:
-            sweep.launch(ladder.name, exps, chosen, runs_root, args)
-            if args.slurm:
-                return 0
-        written = report(ladder, exps, runs_root, (args.out or runs_root / "report").resolve(), args.spec, args.draws)
-        print("wrote " + ", ".join(str(p) for p in written[:2]))
+        out = (args.out or runs_root / "report").resolve()
+        sweep.launch_then_report(ladder.name, exps, chosen, runs_root, args,
+                                 lambda: report(ladder, exps, runs_root, out, args.spec, args.draws))
     except AndreaError as e:
         print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
         return e.exit_code

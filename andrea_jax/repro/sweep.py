@@ -230,6 +230,17 @@ def launch(name: str, exps: dict, chosen: dict, runs_root: pathlib.Path, args) -
         wall.write_text(json.dumps({"seconds": before + share}))
 
 
+def launch_then_report(name: str, exps: dict, chosen: dict, runs_root: pathlib.Path, args, write_report) -> None:
+    """What a sweep-like command does once its groups are known: `launch` unless --report alone
+    is asked for, then, unless it wrote a Slurm array, `write_report()` and the paths it wrote."""
+    if not args.report or args.slurm:
+        launch(name, exps, chosen, runs_root, args)
+        if args.slurm:
+            return
+    written = write_report()
+    print("wrote " + ", ".join(str(p) for p in written[:2]))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="a Python file defining SWEEP = Sweep(...)")
@@ -260,14 +271,10 @@ def main(argv=None) -> int:
         default_runs = ROOT / "runs" / ("prores_repro" if reproduction else f"sweeps/{sweep.name}")
         runs_root = (args.runs or default_runs).resolve()
         chosen = select(exps, args.groups, args.arms)
-        if not args.report or args.slurm:
-            launch(sweep.name, exps, chosen, runs_root, args)
-            if args.slurm:
-                return 0
         from andrea_jax.repro import report
         out = (args.out or (ROOT / "docs" if reproduction else runs_root / "report")).resolve()
-        written = report.write_all(runs_root, out, exps=None if reproduction else exps)
-        print("wrote " + ", ".join(str(p) for p in written[:2]))
+        launch_then_report(sweep.name, exps, chosen, runs_root, args,
+                           lambda: report.write_all(runs_root, out, exps=None if reproduction else exps))
     except AndreaError as e:
         print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
         return e.exit_code
