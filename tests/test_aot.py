@@ -26,7 +26,8 @@ def gib_of(text: str, what: str) -> float:
 
 def test_andrea_120m_compiles_for_h200_with_pallas_kernels_and_cudnn_attention(tmp_path):
     proc = run_aot("--target", "h200", "--config", "andrea_120m", "--set", "train.batch_size=8",
-                   "--set", "kernels.impl=pallas", "--set", "model.attention=cudnn", "--dump-hlo", str(tmp_path))
+                   "--set", "kernels.impl=pallas", "--set", "model.attention=cudnn", "--dump-hlo", str(tmp_path),
+                   "--roofline")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     # the Pallas kernels went through Triton: 3 forward kernels and their backwards in the train step
@@ -47,6 +48,12 @@ def test_andrea_120m_compiles_for_h200_with_pallas_kernels_and_cudnn_attention(t
     assert hlo_stats.convert_fusions(hlo) == 0, out
     matmuls = hlo_stats.matmul_dtypes(hlo)
     assert not any(k.startswith("f32 x f32") for k in matmuls) and matmuls.get("bf16 x bf16 -> f32", 0) >= 2, matmuls
+    # the roofline counts every layer's kernels: its FLOPs are the model's (mfu.py's count, 4.958e12
+    # at 8 x 1024 tokens) and a little more (LayerNorm, GELU, softmax, the optimizer), and it bounds MFU
+    roof = re.search(r"train step roofline .*?([0-9.e+]+) FLOPs.*step >= ([0-9.]+) ms.*MFU <= ([0-9.]+)%", out)
+    assert roof, out
+    assert 1.0 < float(roof.group(1)) / 4.958e12 < 1.1 and float(roof.group(2)) > 0 and 0 < float(roof.group(3)) < 100
+    assert len(re.findall(r"^ +[0-9.]+ ms +(compute|memory) ", out, re.M)) == 20, out  # 10 a step
 
 
 def test_a_config_that_cannot_fit_exits_1_with_one_line():

@@ -13,6 +13,9 @@ Printed per step: compile time; per-device bytes of arguments, outputs, aliased 
 temporaries, and the peak (arguments + outputs - aliased + temporaries); the train step's FLOPs
 from XLA's cost analysis next to andrea_jax/train/mfu.py's count; the tokens/s that 50% MFU would
 be; the kernels in the program. The peak excludes cuBLAS / cuDNN workspace and the CUDA context.
+With --roofline, each step's roofline bound (andrea_jax/aot/roofline.py): per device, the time no
+run of the compiled program can beat at the target's datasheet FLOP/s and bandwidth, the MFU that
+bound allows, and the 10 kernels that bound most, each compute- or memory-bound.
 
 Exit 0: every step compiled and fits; 1: a step does not compile, or its peak exceeds the memory
 JAX would give it (the target's memory x XLA_PYTHON_CLIENT_MEM_FRACTION, 0.75 unless set); 2: a
@@ -26,6 +29,7 @@ import os
 import sys
 
 from andrea_jax.startup import native_stderr_silenced
+from andrea_jax.aot import roofline
 from andrea_jax.aot.compile import StepReport, compile_steps, unsupported_jax
 from andrea_jax.aot.gpus import TARGETS, gpu_devices, target_compute_capability, target_kind, target_memory
 
@@ -70,6 +74,13 @@ def describe(cfg, target: str, n_devices: int, reports: list[StepReport]) -> lis
     return lines
 
 
+def step_model_flops(cfg, step: str) -> float:
+    """The model's FLOPs in one run of a step, as mfu.py counts them: the eval step is the forward, a third."""
+    from andrea_jax.train import mfu as mfu_lib
+    per_step = mfu_lib.model_flops_per_token(cfg.model) * cfg.train.batch_size * cfg.model.seq_len
+    return per_step if step == "train" else per_step / 3
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True, choices=TARGETS, help="the GPU to compile for")
@@ -80,6 +91,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-eval", action="store_true", help="compile the train step only")
     parser.add_argument("--json", help="also append one JSON line per step to this file")
     parser.add_argument("--dump-hlo", help="write each step's optimized HLO to DIR/STEP.hlo")
+    parser.add_argument("--roofline", action="store_true",
+                        help="print each step's roofline bound and its 10 costliest kernels (aot/roofline.py)")
     args = parser.parse_args(argv)
     unsupported = unsupported_jax()
     if unsupported:
@@ -121,6 +134,9 @@ def main(argv=None) -> int:
         return 1
     for line in describe(cfg, args.target, args.devices, reports):
         print(line, flush=True)
+    bounds = {r.step: roofline.roofline(r.hlo, args.target) for r in reports} if args.roofline else {}
+    for step, bound in bounds.items():
+        print(f"{step} step " + "\n".join(bound.lines(step_model_flops(cfg, step) / args.devices)), flush=True)
     if args.dump_hlo:
         os.makedirs(args.dump_hlo, exist_ok=True)
         for r in reports:
@@ -130,9 +146,11 @@ def main(argv=None) -> int:
         from andrea_jax.train import sharding
         with open(args.json, "a") as f:
             for r in reports:
+                bound = {"roofline": bounds[r.step].as_dict(step_model_flops(cfg, r.step) / args.devices)} \
+                    if r.step in bounds else {}
                 f.write(json.dumps({"target": args.target, "config": args.config, "set": args.set,
                                     "devices": args.devices, "mesh": list(sharding.mesh_shape(cfg.mesh, args.devices)),
-                                    **r.as_dict()}) + "\n")
+                                    **r.as_dict(), **bound}) + "\n")
     usable = target_memory(args.target) * mem_fraction()
     over = [r for r in reports if r.peak_bytes > usable]
     if over:
