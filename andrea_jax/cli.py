@@ -15,6 +15,7 @@ traceback instead.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from andrea_jax import config as config_lib, configs, signals, startup
@@ -68,6 +69,8 @@ def fail(message: str, code: int) -> int:
 
 def run(args) -> int:
     cfg = config_lib.validate(config_lib.override(configs.load(args.config), args.set))
+    if cfg.train.deterministic:  # read by XLA once, when jax first starts a backend
+        os.environ["XLA_FLAGS"] = startup.with_deterministic_flags(os.environ.get("XLA_FLAGS", ""))
     startup.import_jax()
     from andrea_jax.train import budget  # imports jax (through workdir): after import_jax, which keeps it quiet
     cfg = budget.resolve(cfg, explicit=args.set, workdir=args.workdir)  # once, before anything compiles

@@ -215,6 +215,8 @@ class TrainConfig:
                                 # JAX_COMPILATION_CACHE_DIR is set)
     peak_tflops: float = 0.0    # per chip, for the metric lines' `mfu`; 0 = the device kind's (andrea_jax/train/mfu.py;
                                 # none on a CPU)
+    deterministic: bool = False  # bitwise-repeatable GPU steps: XLA's deterministic kernels, no autotuning
+                                 # (startup.DETERMINISTIC_XLA_FLAGS, set by train.py before jax starts); slower
 
     def check(self) -> None:
         _positive("train", self, "steps", "batch_size", "log_every", "eval_batches", "keep_checkpoints",

@@ -43,6 +43,35 @@ def cuda_plugin_without_driver() -> bool:
         return False
 
 
+# XLA:GPU's deterministic implementations of what it would otherwise run with atomics or a
+# nondeterministic algorithm (scatter, GEMMs, cuDNN's attention backward, reductions), and no
+# autotuning: a compile that times candidates can pick another kernel, with other rounding, each time
+# it compiles (and a resume recompiles). XLA:CPU is deterministic without them.
+DETERMINISTIC_XLA_FLAGS = {"xla_gpu_exclude_nondeterministic_ops": "true", "xla_gpu_autotune_level": "0"}
+
+
+def _flag_values(xla_flags: str) -> dict[str, str]:
+    return dict((f.lstrip("-").split("=", 1) + ["true"])[:2] for f in xla_flags.split() if f.startswith("--"))
+
+
+def with_deterministic_flags(xla_flags: str) -> str:
+    """XLA_FLAGS `xla_flags` with DETERMINISTIC_XLA_FLAGS added; a ConfigError where it sets one of
+    them otherwise."""
+    from andrea_jax.errors import ConfigError
+    values = _flag_values(xla_flags)
+    for name, value in DETERMINISTIC_XLA_FLAGS.items():
+        if values.get(name, value) != value:
+            raise ConfigError(f"train.deterministic=true needs --{name}={value}, but XLA_FLAGS sets "
+                              f"--{name}={values[name]}")
+    missing = [f"--{k}={v}" for k, v in DETERMINISTIC_XLA_FLAGS.items() if k not in values]
+    return " ".join([xla_flags.strip(), *missing]).strip()
+
+
+def has_deterministic_flags(xla_flags: str) -> bool:
+    values = _flag_values(xla_flags)
+    return all(values.get(k) == v for k, v in DETERMINISTIC_XLA_FLAGS.items())
+
+
 def import_jax() -> None:
     """Imports jax, quietly where the CUDA plugin has no driver; creates no backend, so that
     jax.distributed.initialize may still follow."""

@@ -7,6 +7,8 @@
 #                    by andrea_jax.aot: those that do not fit are skipped, the pairs that decide the
 #                    auto defaults run first); variants not started within the budget are recorded as skipped
 #   3. microbatches  the paper's 512 x 1024 batch as train.microbatches slices of 64 rows
+#   4. determinism   two identical 20-step runs and a resume, with and without train.deterministic's
+#                    XLA flags: differing bits, the largest difference, the resume's tolerance profile
 # Each phase runs under its own timeout; every result is appended to $out/results.jsonl the
 # moment it exists (one JSON object per line, fields in benchmarks/train_step.py), so a phase
 # that times out keeps all it finished. tokens/s, MFU and peak memory are printed as they come.
@@ -31,7 +33,8 @@ if [ "${1:-}" = "--smoke" ]; then
   step_args=(--batch 4 --steps 2 --cross model.remat=none,dots,full --cross model.attention=cudnn
              --cross kernels.impl=xla)
   micro_args=(--batch 8 --steps 1 --set train.microbatches=2)
-  t_kernels=150; t_step=180; t_micro=120; budget=150
+  determinism_args=(--allow-cpu --batch 4 --steps 2 --flags on)
+  t_kernels=150; t_step=180; t_micro=120; t_determinism=150; budget=150
 else
   export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"  # "fills the chip"
   kernel_args=(--rows 32768,65536 --dtypes bfloat16,mixed,float32 --budget-s 70)
@@ -39,7 +42,8 @@ else
   step_args=(--batch 64 --steps 10 --halve-on-oom --plan benchmarks/gpu_plan.json)
   micro_args=(--batch 512 --steps 3 --set model.attention=auto --set kernels.impl=xla
               --cross train.microbatches=8,16)
-  t_kernels=110; t_step=240; t_micro=110; budget=190
+  determinism_args=(--batch 8 --steps 20 --set model.n_layer=4)
+  t_kernels=110; t_step=240; t_micro=110; t_determinism=100; budget=190
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 fi
 "$py" -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
@@ -53,4 +57,7 @@ timeout "$t_step" "$py" benchmarks/train_step.py "${model[@]}" "${step_args[@]}"
 echo "== phase microbatches (timeout ${t_micro}s)"
 timeout "$t_micro" "$py" benchmarks/train_step.py "${model[@]}" "${micro_args[@]}" --phase microbatches \
   --budget-s $((t_micro / 2)) --jsonl "$results" 2>&1 | grep --line-buffered -v '^{' | tee "$out/microbatches.log"
+echo "== phase determinism (timeout ${t_determinism}s)"
+timeout "$t_determinism" "$py" benchmarks/determinism.py "${model[@]}" "${determinism_args[@]}" --json "$results" \
+  2>&1 | tee "$out/determinism.log"
 echo "== $(wc -l < "$results") results in $results"

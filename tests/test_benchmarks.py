@@ -44,7 +44,7 @@ def test_gpu_all_smoke_writes_every_phase_to_jsonl(tmp_path):
     by_phase = {}
     for r in records:
         by_phase.setdefault(r["phase"], []).append(r)
-    assert set(by_phase) == {"kernels_check", "kernels", "train_step", "microbatches"}
+    assert set(by_phase) == {"kernels_check", "kernels", "train_step", "microbatches", "determinism"}
     assert all(r["ok"] for r in by_phase["kernels_check"])
     assert {r["remat"] for r in by_phase["train_step"]} == {"none", "dots", "full"}
     for r in by_phase["train_step"] + by_phase["microbatches"]:
@@ -53,6 +53,9 @@ def test_gpu_all_smoke_writes_every_phase_to_jsonl(tmp_path):
         assert r["mfu"] is None and r["device_kind"] == "cpu"  # no peak FLOP/s for a CPU
         assert r["attention"] == "xla"  # model.attention=cudnn falls back on CPU
     assert by_phase["microbatches"][0]["microbatches"] == 2
+    (same,) = by_phase["determinism"]  # XLA:CPU repeats itself bit for bit, and so does a resume
+    assert same["deterministic_flags"] and same["repeat"]["losses_differing"] == same["repeat"]["params_differing"] == 0
+    assert same["resume"]["batches_identical"] and same["resume"]["first_step_within"], same
     # The printed summary carries the same figures.
     assert "tokens/s, MFU n/a" in proc.stdout and "peak memory" in proc.stdout
 
@@ -82,7 +85,8 @@ def test_gpu_plan_orders_variants_by_the_aot_compile_and_train_step_follows_it(t
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
     assert [r["overrides"] for r in records] == order
-    assert "does not fit" in records[1]["skipped"] and f"peak {plan['variants'][1]['peak_gib']} GiB" in records[1]["skipped"]
+    skipped = records[1]["skipped"]
+    assert "does not fit" in skipped and f"peak {plan['variants'][1]['peak_gib']} GiB" in skipped
     assert all(r["tokens_per_s"] > 0 for i, r in enumerate(records) if i != 1)
 
 

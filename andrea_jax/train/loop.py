@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import pathlib
 import sys
 import time
@@ -23,10 +24,10 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from andrea_jax import checkpoint, model as model_lib
+from andrea_jax import checkpoint, model as model_lib, startup
 from andrea_jax.config import Config
 from andrea_jax.data import pipeline, tokenizer as tokenizer_lib
-from andrea_jax.errors import TrainingError
+from andrea_jax.errors import ConfigError, TrainingError
 from andrea_jax.model import hf
 from andrea_jax.train import hooks, mfu, optim, preemption, profiling
 from andrea_jax.train.metrics import MetricsLog, import_wandb
@@ -51,6 +52,10 @@ def train(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = Tru
     other settings (`allow_schedule_change` accepts another train.steps or optimizer schedule,
     which re-stretches the LR schedule). `extra_hooks` run at the steps their rules name, after
     the evaluation (the command line passes train.eval_tasks' scoring, andrea_jax.serve.tasks)."""
+    if cfg.train.deterministic and not startup.has_deterministic_flags(os.environ.get("XLA_FLAGS", "")):
+        raise ConfigError("train.deterministic=true: XLA_FLAGS lacks " + " ".join(
+            f"--{k}={v}" for k, v in startup.DETERMINISTIC_XLA_FLAGS.items()) + ", which must be set before jax "
+            "starts (train.py sets them; a program calling train() sets them before it imports jax)")
     run_dir = Workdir(workdir).create()
     with run_dir.held(), (checkpoint.manager(run_dir.root, max_to_keep=cfg.train.keep_checkpoints)
                           if cfg.train.checkpoint_every else contextlib.nullcontext()) as ckpt:
