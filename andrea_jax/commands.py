@@ -21,6 +21,12 @@ def export() -> int:
     return command.main()
 
 
+def average() -> int:
+    startup.start_jax()
+    from andrea_jax.serve import average as command
+    return command.main()
+
+
 def generate() -> int:
     startup.start_jax()
     from andrea_jax.serve import generate as command
