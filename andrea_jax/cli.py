@@ -36,7 +36,10 @@ def start_distributed(args) -> None:
 @signals.command  # a second SIGINT or SIGTERM stops the process at once, whatever it is doing
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="a name in configs/ or a path to a .py config")
+    parser.add_argument("--config", help="a name in configs/ or a path to a .py config (not with --fork-from)")
+    parser.add_argument("--fork-from", metavar="RUN@STEP",
+                        help="a WSD cooldown of --set optim.decay_steps=K steps from RUN's stable-phase checkpoint "
+                             "STEP, into the new --workdir (train/fork.py); RUN is only read")
     parser.add_argument("--workdir", required=True, help="folder for metrics, checkpoints, tokenizer, config")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config field; repeatable")
@@ -51,6 +54,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.coordinator and (args.num_processes is None or args.process_id is None):
         parser.error("--coordinator needs --num-processes and --process-id")
+    if (args.config is None) == (args.fork_from is None):
+        parser.error("give --config, or --fork-from (the fork's config is its parent's)")
+    if args.fork_from and (args.coordinator or args.distributed):
+        parser.error("--fork-from prepares the new workdir in one process: fork with one, then resume with several")
     if args.debug:
         return run(args)
     try:
@@ -68,7 +75,12 @@ def fail(message: str, code: int) -> int:
 
 
 def run(args) -> int:
-    cfg = config_lib.validate(config_lib.override(configs.load(args.config), args.set))
+    if args.fork_from:
+        startup.import_jax()
+        from andrea_jax.train import fork
+        cfg = fork.prepare(args.fork_from, args.workdir, args.set)
+    else:
+        cfg = config_lib.validate(config_lib.override(configs.load(args.config), args.set))
     if cfg.train.deterministic:  # read by XLA once, when jax first starts a backend
         os.environ["XLA_FLAGS"] = startup.with_deterministic_flags(os.environ.get("XLA_FLAGS", ""))
     startup.import_jax()

@@ -146,6 +146,8 @@ class OptimConfig:
     warmup_steps: int = 2000    # linear LR warmup, in steps (paper: 2000)
     min_lr_ratio: float = 0.1   # cosine: final LR as a fraction of the peak
     decay_fraction: float = 0.1  # wsd: the last fraction of steps decays linearly to 0 (paper: 10%)
+    decay_steps: int = 0        # wsd: > 0: the last this many steps decay, instead of decay_fraction's (a cooldown
+                                # forked from a stable-phase checkpoint: train.py --fork-from)
     b1: float = 0.9
     b2: float = 0.95
     eps: float = 1e-8
@@ -175,6 +177,10 @@ class OptimConfig:
         _need(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         _need(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         _need(0 < self.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
+        _need(self.decay_steps >= 0, "optim.decay_steps",
+              f"must be >= 0 (0 = optim.decay_fraction's), got {self.decay_steps}")
+        _need(not self.decay_steps or self.schedule == "wsd", "optim.decay_steps",
+              f"is for optim.schedule=wsd, not {self.schedule}")
         for name in ("b1", "b2", "muon_momentum"):
             _need(0 <= getattr(self, name) < 1, f"optim.{name}", f"must be in [0, 1), got {getattr(self, name)}")
         _positive("optim", self, "eps", "clip_norm", "max_consecutive_skips")
@@ -215,6 +221,8 @@ class TrainConfig:
                                 # JAX_COMPILATION_CACHE_DIR is set)
     peak_tflops: float = 0.0    # per chip, for the metric lines' `mfu`; 0 = the device kind's (andrea_jax/train/mfu.py;
                                 # none on a CPU)
+    fork_from: str = ""         # RUN@STEP: the stable-phase checkpoint this run was forked from (train.py --fork-from
+                                # records it; never set by hand)
     deterministic: bool = False  # bitwise-repeatable GPU steps: XLA's deterministic kernels, no autotuning
                                  # (startup.DETERMINISTIC_XLA_FLAGS, set by train.py before jax starts); slower
 

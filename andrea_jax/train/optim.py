@@ -24,7 +24,7 @@ def lr_schedule(cfg: OptimConfig, total_steps: int, peak: float | None = None) -
             init_value=0.0, peak_value=peak, warmup_steps=warmup,
             decay_steps=max(total_steps, warmup + 1), end_value=peak * cfg.min_lr_ratio)
     if cfg.schedule == "wsd":
-        decay = max(1, int(round(total_steps * cfg.decay_fraction)))
+        decay = min(cfg.decay_steps, total_steps) or max(1, int(round(total_steps * cfg.decay_fraction)))
         stable = max(0, total_steps - warmup - decay)
         return optax.join_schedules(
             [optax.linear_schedule(0.0, peak, max(warmup, 1)),
