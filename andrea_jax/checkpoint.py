@@ -130,13 +130,24 @@ def restore_newest_readable(mngr: ocp.CheckpointManager, target_state) -> Restor
     return None
 
 
-def read_params(step_dir: pathlib.Path, params_target):
-    """The `params` subtree of the train state saved in step_dir, read alone (never the optimizer
-    state), placed as the jax.ShapeDtypeStructs of `params_target` say."""
+# Where in the saved train state a parameter tree lies: the parameters, or (optim.ema) their moving
+# average inside the optimizer state (andrea_jax.train.optim.EmaState, outermost).
+WEIGHTS = {"params": ("params",), "ema": ("opt_state", "ema")}
+
+
+def read_params(step_dir: pathlib.Path, params_target, weights: str = "params"):
+    """The parameter tree `weights` (a key of WEIGHTS) of the train state saved in step_dir, read
+    alone (never the rest of the optimizer state), placed as the jax.ShapeDtypeStructs of
+    `params_target` say."""
     format_version(step_dir)
-    target = {"params": params_target}
+    path = WEIGHTS[weights]
+    target = params_target
+    for key in reversed(path):
+        target = {key: target}
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     with ocp.PyTreeCheckpointer() as ckptr:
         restored = ckptr.restore(pathlib.Path(step_dir) / STATE, args=ocp.args.PyTreeRestore(
             item=target, restore_args=restore_args, partial_restore=True))
-    return restored["params"]
+    for key in path:
+        restored = restored[key]
+    return restored

@@ -146,6 +146,9 @@ class OptimConfig:
     warmup_steps: int = 2000    # linear LR warmup, in steps (paper: 2000)
     min_lr_ratio: float = 0.1   # cosine: final LR as a fraction of the peak
     decay_fraction: float = 0.1  # wsd: the last fraction of steps decays linearly to 0 (paper: 10%)
+    ema: float = 0.0            # > 0: keep an exponential moving average of the parameters with this decay (e.g.
+                                # 0.999) in the optimizer state, evaluated beside them (val_loss_ema) and
+                                # exported with andrea-export --weights ema; 0 = none
     decay_steps: int = 0        # wsd: > 0: the last this many steps decay, instead of decay_fraction's (a cooldown
                                 # forked from a stable-phase checkpoint: train.py --fork-from)
     b1: float = 0.9
@@ -177,6 +180,7 @@ class OptimConfig:
         _need(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         _need(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         _need(0 < self.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
+        _need(0 <= self.ema < 1, "optim.ema", f"must be in [0, 1) (0 = no moving average), got {self.ema}")
         _need(self.decay_steps >= 0, "optim.decay_steps",
               f"must be >= 0 (0 = optim.decay_fraction's), got {self.decay_steps}")
         _need(not self.decay_steps or self.schedule == "wsd", "optim.decay_steps",

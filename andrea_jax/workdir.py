@@ -133,11 +133,13 @@ def _flat(config: dict) -> dict:
 
 
 def _changes_optimizer_tree(key: str, before: dict, after: dict) -> bool:
-    """Another optimizer, or spike skipping (which keeps its window of losses in the optimizer
-    state) switched on or off or its window resized while on, gives a state that no checkpoint of
-    the run can restore into."""
+    """Another optimizer, spike skipping (which keeps its window of losses in the optimizer state)
+    switched on or off or its window resized while on, or the moving average of the parameters
+    switched on or off, gives a state that no checkpoint of the run can restore into."""
     if key == "optim.name":
         return True
+    if key == "optim.ema":
+        return bool(before.get(key)) != bool(after.get(key))
     on = lambda flat: bool(flat.get("optim.skip_spikes"))
     if key == "optim.skip_spikes":
         return on(before) != on(after)

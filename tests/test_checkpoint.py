@@ -24,11 +24,6 @@ OVERRIDES = ["train.steps=6", "train.checkpoint_every=3", "train.log_every=1", "
              "prores.schedule=linear", "prores.warmup=4"]
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
-
-
 @pytest.fixture
 def settings(tok_path):
     return OVERRIDES + [f"data.tokenizer={tok_path}"]
@@ -203,7 +198,7 @@ def expected_kind(key: str) -> str:
         return "free"
     if key == "optim.skip_spikes":  # from off to on: the optimizer state gains its window of losses
         return "identity"
-    if key == "optim.name":  # another optimizer's state
+    if key in ("optim.name", "optim.ema"):  # another optimizer's state (ema: from none to an average)
         return "identity"
     if section in ("model", "prores", "data") or key in ("train.seed", "train.batch_size"):
         return "identity"   # refused, whatever is confirmed

@@ -63,12 +63,12 @@ def _replicated():
     return jax.sharding.NamedSharding(mesh.make_mesh(), jax.sharding.PartitionSpec())
 
 
-def _restore_params(step_dir: pathlib.Path, cfg: Config):
-    """The parameters of the checkpoint in step_dir, replicated over the current devices."""
+def _restore_params(step_dir: pathlib.Path, cfg: Config, weights: str = "params"):
+    """The parameters (or `weights`) of the checkpoint in step_dir, replicated over the current devices."""
     shapes = model_lib.param_shapes(cfg.model)
     replicated = _replicated()
     target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), shapes)
-    return checkpoint.read_params(step_dir, target)
+    return checkpoint.read_params(step_dir, target, weights)
 
 
 def _read_json(json_path: pathlib.Path, companions, what: str) -> dict:
@@ -82,7 +82,7 @@ def _read_json(json_path: pathlib.Path, companions, what: str) -> dict:
         raise LoadError(f"{json_path}: not JSON ({e})") from None
 
 
-def load_workdir(workdir, step: int | None = None) -> LoadedModel:
+def load_workdir(workdir, step: int | None = None, weights: str = "params") -> LoadedModel:
     workdir = pathlib.Path(workdir)
     if not workdir.is_dir():
         raise LoadError(f"{workdir}: no such run folder")
@@ -99,12 +99,15 @@ def load_workdir(workdir, step: int | None = None) -> LoadedModel:
         raise LoadError(f"{run.checkpoints / str(step)}: no such checkpoint; steps kept: "
                         f"{', '.join(map(str, steps))}")
     step_dir = run.checkpoints / str(step)
+    if weights == "ema" and not cfg.optim.ema:
+        raise LoadError(f"{workdir}: --weights ema needs a run trained with optim.ema > 0; this one has none")
     try:
-        params = _restore_params(step_dir.resolve(), cfg)  # orbax wants an absolute path
+        params = _restore_params(step_dir.resolve(), cfg, weights)  # orbax wants an absolute path
     except Exception as e:  # orbax / tensorstore raise many types; all mean the same to the user
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise LoadError(f"{step_dir}: checkpoint cannot be read ({type(e).__name__}: {reason})") from None
-    return LoadedModel(cfg, params, Tokenizer.from_file(str(tok_path)), step, str(step_dir))
+    source = str(step_dir) if weights == "params" else f"{step_dir} ({weights})"
+    return LoadedModel(cfg, params, Tokenizer.from_file(str(tok_path)), step, source)
 
 
 def save_native(loaded: LoadedModel, out) -> pathlib.Path:
@@ -145,15 +148,16 @@ def load_export(path) -> LoadedModel:
     return LoadedModel(cfg, params, Tokenizer.from_file(str(tok_path)), int(meta["step"]), str(path))
 
 
-def load(*, workdir=None, export=None, step: int | None = None) -> LoadedModel:
-    """The model of a run for inference: from `workdir` (newest checkpoint, or `step`) or `export`."""
+def load(*, workdir=None, export=None, step: int | None = None, weights: str = "params") -> LoadedModel:
+    """The model of a run for inference: from `workdir` (newest checkpoint, or `step`; its
+    parameters, or with weights="ema" their moving average) or `export`."""
     if (workdir is None) == (export is None):
         raise ValueError("give exactly one of workdir or export")
     if export is not None:
-        if step is not None:
-            raise LoadError(f"{export}: an export holds one step; --step is for a workdir")
+        if step is not None or weights != "params":
+            raise LoadError(f"{export}: an export holds one set of weights; --step and --weights are for a workdir")
         return load_export(export)
-    return load_workdir(workdir, step)
+    return load_workdir(workdir, step, weights)
 
 
 def add_source_args(parser) -> None:
@@ -162,7 +166,10 @@ def add_source_args(parser) -> None:
     group.add_argument("--workdir", help="a training run's folder (its newest checkpoint unless --step)")
     group.add_argument("--export", help="a native export folder (andrea-export --format native)")
     parser.add_argument("--step", type=int, help="the checkpoint step to load from --workdir")
+    parser.add_argument("--weights", choices=tuple(checkpoint.WEIGHTS), default="params",
+                        help="from --workdir: the parameters, or (a run with optim.ema) their moving average")
 
 
 def load_from_args(args) -> LoadedModel:
-    return load(workdir=args.workdir, export=getattr(args, "export", None), step=args.step)
+    return load(workdir=args.workdir, export=getattr(args, "export", None), step=args.step,
+                weights=getattr(args, "weights", "params"))

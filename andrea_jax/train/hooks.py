@@ -134,6 +134,9 @@ def validate(ctx: Context, state: LoopState, step: int, line: Mapping) -> dict:
     if ctx.knockout_step is not None:
         out["knockout"] = steps.knockout(ctx.knockout_step, state.train.params, state.train.step, ctx.val,
                                          out["val_loss"])
+    if (ema := optim.ema_params(state.train.opt_state)) is not None:
+        averaged = steps.evaluate(ctx.eval_step, ema, state.train.step, ctx.val, ctx.bytes_per_token_V)
+        out |= {f"{k}_ema": v for k, v in averaged.items()}
     return out
 
 

@@ -158,6 +158,39 @@ def skip_loss_spikes(inner: optax.GradientTransformation, sigmas: float, window:
     return optax.GradientTransformationExtraArgs(init, update)
 
 
+class EmaState(NamedTuple):
+    """params_ema's state: the moving average (a copy of the parameter tree, sharded like it) and
+    the wrapped optimizer's state."""
+    ema: optax.Params
+    inner_state: optax.OptState
+
+
+def params_ema(inner: optax.GradientTransformation, decay: float) -> optax.GradientTransformationExtraArgs:
+    """`inner`, keeping beside its state an exponential moving average of the parameters each
+    update produces: ema <- decay ema + (1 - decay) (params + updates), from the initial parameters.
+    The updates are `inner`'s, unchanged; the average only watches. In the optimizer state it is
+    checkpointed, restored and sharded like Adam's moments."""
+    inner = optax.with_extra_args_support(inner)
+
+    def init(params):
+        return EmaState(params, inner.init(params))
+
+    def update(updates, state: EmaState, params=None, **extra_args):
+        if params is None:
+            raise ValueError("optim.ema: the optimizer update needs the parameters")
+        updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
+        ema = jax.tree.map(lambda e, p, u: (decay * e + (1 - decay) * (p + u)).astype(e.dtype),
+                           state.ema, params, updates)
+        return updates, EmaState(ema, inner_state)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def ema_params(opt_state):
+    """The moving average of the parameters inside a run's optimizer state (None: optim.ema is 0)."""
+    return opt_state.ema if isinstance(opt_state, EmaState) else None
+
+
 def spike_state(opt_state) -> SpikeState | None:
     """The SpikeState inside a run's optimizer state (None: optim.skip_spikes is off)."""
     states = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, SpikeState))
@@ -192,7 +225,8 @@ def make(cfg: OptimConfig, total_steps: int, family: str = "gpt2",
     # update unchanged (the guard only counts); on, no non-finite update is ever applied: the
     # trainer stops a run stuck for optim.max_consecutive_skips updates instead.
     limit = int(jnp.iinfo(jnp.int32).max) if cfg.skip_nonfinite else 0
-    return optax.apply_if_finite(adamw, max_consecutive_errors=limit)
+    guarded = optax.apply_if_finite(adamw, max_consecutive_errors=limit)
+    return params_ema(guarded, cfg.ema) if cfg.ema else guarded
 
 
 def _guard_state(opt_state) -> optax.ApplyIfFiniteState:
