@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Every GPU benchmark in one command, sized for under 8 minutes on one H200 (docs/BENCHMARKS.md):
+# Every GPU benchmark in one command, sized for under 8 minutes on one H200 (docs/BENCHMARKS.md), in
+# the order the first hour on a GPU needs them:
 #   1. kernels       the fused kernels against XLA: correctness, then time / GB/s / speedup
 #   2. train_step    andrea_120m, bf16, seq 1024, batch 64 (halved on out-of-memory), crossing
 #                    remat none|dots|full x attention cudnn|xla x kernels xla|pallas in the order of
 #                    benchmarks/gpu_plan.json (each variant compiled for the H200 beforehand, on a CPU,
 #                    by andrea_jax.aot: those that do not fit are skipped, the pairs that decide the
-#                    auto defaults run first); variants not started within the budget are recorded as skipped
-#   3. microbatches  the paper's 512 x 1024 batch as train.microbatches slices of 64 rows
-#   4. determinism   two identical 20-step runs and a resume, with and without train.deterministic's
-#                    XLA flags: differing bits, the largest difference, the resume's tolerance profile
+#                    auto defaults run first); variants not started within the budget are recorded as
+#                    skipped. Each measured MFU stands beside the roofline bound of the same program
+#   3. determinism   two identical runs and a resume, with and without train.deterministic's XLA
+#                    flags: differing bits, the largest difference, the resume's tolerance profile
+#   4. hlo_match     the train step andrea_jax.aot compiles without a GPU against the one jit
+#                    compiles on it: the kernels that differ
+#   5. microbatches  the paper's 512 x 1024 batch as train.microbatches slices of 64 rows
 # Each phase runs under its own timeout; every result is appended to $out/results.jsonl the
 # moment it exists (one JSON object per line, fields in benchmarks/train_step.py), so a phase
 # that times out keeps all it finished. tokens/s, MFU and peak memory are printed as they come.
@@ -34,7 +38,8 @@ if [ "${1:-}" = "--smoke" ]; then
              --cross kernels.impl=xla)
   micro_args=(--batch 8 --steps 1 --set train.microbatches=2)
   determinism_args=(--allow-cpu --batch 4 --steps 2 --flags on)
-  t_kernels=150; t_step=180; t_micro=120; t_determinism=150; budget=150
+  hlo_args=(--cpu --set train.batch_size=4)
+  t_kernels=150; t_step=180; t_micro=120; t_determinism=150; t_hlo=120; budget=150
 else
   export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"  # "fills the chip"
   kernel_args=(--rows 32768,65536 --dtypes bfloat16,mixed,float32 --budget-s 70)
@@ -42,8 +47,9 @@ else
   step_args=(--batch 64 --steps 10 --halve-on-oom --plan benchmarks/gpu_plan.json)
   micro_args=(--batch 512 --steps 3 --set model.attention=auto --set kernels.impl=xla
               --cross train.microbatches=8,16)
-  determinism_args=(--batch 8 --steps 20 --set model.n_layer=4)
-  t_kernels=110; t_step=240; t_micro=110; t_determinism=100; budget=190
+  determinism_args=(--batch 4 --steps 20 --set model.n_layer=2)
+  hlo_args=(--set train.batch_size=8)
+  t_kernels=100; t_step=170; t_determinism=90; t_hlo=50; t_micro=40; budget=130
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 fi
 "$py" -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
@@ -54,10 +60,13 @@ timeout "$t_kernels" "$py" benchmarks/kernels_gpu.py "${kernel_args[@]}" --out "
 echo "== phase train_step (timeout ${t_step}s)"
 timeout "$t_step" "$py" benchmarks/train_step.py "${model[@]}" "${step_args[@]}" --phase train_step \
   --budget-s "$budget" --jsonl "$results" 2>&1 | grep --line-buffered -v '^{' | tee "$out/train_step.log"
-echo "== phase microbatches (timeout ${t_micro}s)"
-timeout "$t_micro" "$py" benchmarks/train_step.py "${model[@]}" "${micro_args[@]}" --phase microbatches \
-  --budget-s $((t_micro / 2)) --jsonl "$results" 2>&1 | grep --line-buffered -v '^{' | tee "$out/microbatches.log"
 echo "== phase determinism (timeout ${t_determinism}s)"
 timeout "$t_determinism" "$py" benchmarks/determinism.py "${model[@]}" "${determinism_args[@]}" --json "$results" \
   2>&1 | tee "$out/determinism.log"
+echo "== phase hlo_match (timeout ${t_hlo}s)"
+timeout "$t_hlo" "$py" benchmarks/hlo_match.py "${model[@]}" "${hlo_args[@]}" --json "$results" \
+  2>&1 | tee "$out/hlo_match.log"
+echo "== phase microbatches (timeout ${t_micro}s)"
+timeout "$t_micro" "$py" benchmarks/train_step.py "${model[@]}" "${micro_args[@]}" --phase microbatches \
+  --budget-s $((t_micro / 2)) --jsonl "$results" 2>&1 | grep --line-buffered -v '^{' | tee "$out/microbatches.log"
 echo "== $(wc -l < "$results") results in $results"

@@ -23,6 +23,8 @@ result is printed and appended to `--jsonl` at once, one JSON object per line:
                    memory_analysis(): per variant, the same measure on CPU and GPU
     device_peak_bytes_in_use  the allocator's peak so far in this process (GPU only; never reset,
                    so it is a running maximum over the variants run before)
+    bound_step_s, bound_mfu   GPU only: the roofline bound of the program that ran
+                   (andrea_jax/aot/roofline.py), a lower bound on step_s and an upper one on mfu
 
 A variant that runs out of memory is retried at half the batch with `--halve-on-oom` (the batch
 that "fills the chip"); one that fails otherwise, or is not started within `--budget-s`, gets a
@@ -91,7 +93,7 @@ def measure(cfg: config_lib.Config, n_steps: int, peak_per_chip: float | None) -
     flops = mfu_lib.model_flops_per_token(cfg.model, S)
     stats = jax.devices()[0].memory_stats() or {}
     used = mfu_lib.mfu(tokens_per_s, flops, peak_per_chip, jax.device_count())
-    return {
+    return roofline_bound(compiled.as_text(), flops * B * S / jax.device_count()) | {
         "params": sum(int(p.size) for p in jax.tree.leaves(state.params)),
         "step_s": step_s, "step_min_s": min(times[2:]),
         "step_cpu_s": statistics.median(cpu_times[2:]), "tokens_per_s": tokens_per_s, "flops_per_token": flops,
@@ -103,6 +105,18 @@ def measure(cfg: config_lib.Config, n_steps: int, peak_per_chip: float | None) -
         "device_peak_bytes_in_use": stats.get("peak_bytes_in_use"),
         "compile_s": compile_s, "loss": float(metrics["loss"]),
     }
+
+
+def roofline_bound(hlo_text: str, model_flops: float) -> dict:
+    """On a GPU the aot roofline of the very program that ran (andrea_jax/aot/roofline.py): the
+    lower bound on its step and the MFU that allows, beside the measured ones; {} elsewhere."""
+    from andrea_jax.aot import roofline
+    kind = jax.devices()[0].device_kind
+    target = next((t for t in roofline.DATASHEET if t.upper() in kind.upper()), None)
+    if jax.devices()[0].platform != "gpu" or target is None:
+        return {}
+    bound = roofline.roofline(hlo_text, target)
+    return {"bound_step_s": bound.seconds, "bound_mfu": round(bound.max_mfu(model_flops), 4)}
 
 
 def run_variant(base: config_lib.Config, overrides: list[str], args, peak_per_chip) -> dict:
@@ -139,7 +153,9 @@ def describe(r: dict) -> str:
     return (f"{r['phase']} {' '.join(r['overrides']) or '(defaults)'} [attention {r['attention']}, kernels "
             f"{r['kernels']}, remat {r['remat']}, batch {r['batch']} x {r['microbatches']} microbatches]: "
             f"{r['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, peak memory {size(r['peak_bytes'])}, "
-            f"step {1e3 * r['step_s']:.1f} ms, compile {r['compile_s']:.1f} s")
+            f"step {1e3 * r['step_s']:.1f} ms, compile {r['compile_s']:.1f} s"
+            + (f"; roofline bound {1e3 * r['bound_step_s']:.1f} ms, MFU <= {100 * r['bound_mfu']:.1f}%"
+               if "bound_step_s" in r else ""))
 
 
 def main(argv=None) -> list[dict]:

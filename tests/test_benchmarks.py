@@ -44,7 +44,7 @@ def test_gpu_all_smoke_writes_every_phase_to_jsonl(tmp_path):
     by_phase = {}
     for r in records:
         by_phase.setdefault(r["phase"], []).append(r)
-    assert set(by_phase) == {"kernels_check", "kernels", "train_step", "microbatches", "determinism"}
+    assert set(by_phase) == {"kernels_check", "kernels", "train_step", "microbatches", "determinism", "hlo_match"}
     assert all(r["ok"] for r in by_phase["kernels_check"])
     assert {r["remat"] for r in by_phase["train_step"]} == {"none", "dots", "full"}
     for r in by_phase["train_step"] + by_phase["microbatches"]:
@@ -56,6 +56,8 @@ def test_gpu_all_smoke_writes_every_phase_to_jsonl(tmp_path):
     (same,) = by_phase["determinism"]  # XLA:CPU repeats itself bit for bit, and so does a resume
     assert same["deterministic_flags"] and same["repeat"]["losses_differing"] == same["repeat"]["params_differing"] == 0
     assert same["resume"]["batches_identical"] and same["resume"]["first_step_within"], same
+    (match,) = by_phase["hlo_match"]  # aot for the CPU compiles what jit on it compiles
+    assert match["signatures_differing"] == 0 and match["aot_kernels"] == match["jit_kernels"] > 0, match
     # The printed summary carries the same figures.
     assert "tokens/s, MFU n/a" in proc.stdout and "peak memory" in proc.stdout
 
@@ -214,3 +216,17 @@ def test_occupancy_from_registers_by_hand():
     assert k.ctas_per_sm(80, 4) == 6          # 2560 a warp: 25 warps, 6 CTAs
     assert k.ctas_per_sm(16, 1) == 32         # the CTA limit, not registers
     assert k.ctas_per_sm(32, 32) == 2         # the warp limit (64)
+
+
+def test_hlo_match_tells_two_programs_apart_and_an_identical_one_from_itself():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import jax
+    import jax.numpy as jnp
+    import hlo_match
+
+    x = jnp.ones((64, 32))
+    text = lambda fn: jax.jit(fn).lower(x).compile().as_text()
+    one, again, other = text(lambda v: jnp.tanh(v) * 2), text(lambda v: jnp.tanh(v) * 2), text(lambda v: v @ v.T)
+    assert hlo_match.differences(hlo_match.signatures(one), hlo_match.signatures(again)) == []
+    diff = hlo_match.differences(hlo_match.signatures(one), hlo_match.signatures(other))
+    assert diff and all(a != b for _, a, b in diff) and sum(a for _, a, _ in diff) >= 1

@@ -12,7 +12,9 @@ Pallas or Triton kernel counts 1 FLOP per output element. Bytes are each kernel'
 outputs once, except where a fusion touches only part of a buffer: a slice of an operand counts its
 slice, an in-place update its update. A loop's body counts its known trip count times; the
 branches of a conditional count nothing (either may not run). Every FLOP is priced at the dense
-bf16 peak, so the bound stays a lower one for float32 dots.
+bf16 peak, so the bound stays a lower one for float32 dots. Every byte is priced at HBM's bandwidth:
+an operand its producer left in L2 (50 MB on an H100 or H200) can come faster, so where kernels
+pass small tensors to each other the bound is not strict.
 """
 from __future__ import annotations
 
