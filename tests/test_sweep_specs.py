@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -33,9 +34,19 @@ def resolved(spec_name: str, arm: str, group: str | None = None) -> config_lib.C
     return config_lib.override(configs.load(exp.config), [*exp.common, *exp.arms[arm]])
 
 
+# Specs whose LRs are computed from a kept report: until the report says what they need, loading
+# them refuses with the reason (tests/test_l_choice.py loads them on made-up reports).
+AWAITING = {"l_stage1_ext": "no report of l_stage1|need no extension",
+            "l_stage2": "no report of l_stage1|still need extensions"}
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
 def test_every_spec_loads_and_validates(spec):
-    exps = sweep_lib.groups(sweep_lib.load_spec(str(spec)))
+    try:
+        exps = sweep_lib.groups(sweep_lib.load_spec(str(spec)))
+    except ConfigError as e:
+        assert spec.stem in AWAITING and re.search(AWAITING[spec.stem], str(e)), (spec.stem, str(e))
+        return
     assert exps
     if spec.stem in QUESTIONS:
         assert all(len(e.seeds) >= QUESTIONS[spec.stem] for e in exps.values()), spec.stem
@@ -45,7 +56,8 @@ def test_experiment_h_is_the_recipe_the_question_sets():
     cfg = resolved("h_prores_or_warmup", "linear_alpha_T50")
     assert (cfg.model.d_model, cfg.model.n_layer, cfg.model.norm) == (64, 24, "pre")
     assert (cfg.train.steps, cfg.train.batch_size, cfg.model.seq_len, cfg.train.eval_batches) == (1500, 8, 32, 64)
-    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.prores.warmup, cfg.prores.scale_updates) == (3e-3, 60, 50, "alpha")
+    assert ((cfg.optim.lr, cfg.optim.warmup_steps, cfg.prores.warmup, cfg.prores.scale_updates)
+            == (3e-3, 60, 50, "alpha"))
     assert cfg.data.source == "prepared" and cfg.model.vocab_size == 8449
     # the stretched warmup lasts as long as ProRes's ramps do on average: T (L + 1) / 2
     assert resolved("h_prores_or_warmup", "none_warmup312").optim.warmup_steps == 25 * 25 // 2
@@ -75,15 +87,18 @@ def test_g_again_keeps_its_schedules_above_adams_horizon_and_ends_the_ramp_by_ha
 def test_experiment_h_runs_at_a_toy_size(tmp_path, tok_path):
     runs = tmp_path / "runs"
     proc = subprocess.run([sys.executable, "-m", "andrea_jax.repro.sweep", "scripts/sweeps/h_prores_or_warmup.py",
-                           "--runs", str(runs), "--jobs", "2", "--toy", "--set", "data.source=embedded", "--set", "data.path=",
-                           "--set", "model.vocab_size=300", "--set", f"data.tokenizer={tok_path}"],
+                           "--runs", str(runs), "--jobs", "2", "--toy",
+                           "--set", "data.source=embedded", "--set", "data.path=", "--set", "model.vocab_size=300",
+                           "--set", f"data.tokenizer={tok_path}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert sorted(p.parent.name for p in runs.rglob("result.json")) == ["none_s0", "none_warmup312_s0"]
 
 
 def test_the_muon_comparisons_pair_the_two_optimizers_on_one_recipe_and_fresh_seeds():
-    load = lambda name: list(sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / f"{name}.py"))).values())
+    def load(name):
+        return list(sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / f"{name}.py"))).values())
+
     for recipe, norm in [("tiny", "pre"), ("postln", "post")]:
         (exp,), (grid,) = load(f"m_muon_{recipe}"), load(f"m_muon_grid_{recipe}")
         adamw, muon = (resolved(f"m_muon_{recipe}", arm) for arm in exp.arms)
@@ -116,7 +131,8 @@ def test_stage_2_of_i_takes_each_arms_lr_of_lowest_mean_loss_on_the_chosen_seeds
             "b_lr2_s0": {"outcome": "diverged", "final_val_loss": 2.0}, "b_lr2_s1": finished(1.0)}
     summary, low = tmp_path / "summary.json", tmp_path / "low.json"
     summary.write_text(json.dumps({"experiments": {"stage1": {"runs": runs}}}))
-    low.write_text(json.dumps({"experiments": {"low": {"runs": {"a_lr0_s0": finished(6.1), "a_lr0_s1": finished(5.8)}}}}))
+    low_runs = {"a_lr0_s0": finished(6.1), "a_lr0_s1": finished(5.8)}
+    low.write_text(json.dumps({"experiments": {"low": {"runs": low_runs}}}))
     reports = {summary: "stage1"}
     assert best_lrs(reports, {"a": ("1", "2"), "b": ("1", "2")}, (0, 1)) == {"a": "1", "b": "1"}
     assert best_lrs(reports, {"a": ("2", "1")}, (1,)) == {"a": "2"}
