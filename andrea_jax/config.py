@@ -22,7 +22,7 @@ from andrea_jax.names import KERNEL_IMPLS, MESH_AXES
 NORMS = ("pre", "post", "sandwich", "deepnorm", "lns")   # block placements, ProRes paper Table 1
 INITS = ("normal", "scaled", "ds", "deepnorm")           # matrix inits (ProRes paper and its official code)
 GATES = ("none", "learned")                              # residual gates besides the ProRes alpha
-REMATS = ("none", "full", "dots")                        # model.remat policies (andrea_jax.model)
+REMATS = ("none", "full", "dots", "gelu")                # model.remat policies (andrea_jax.model)
 FAMILIES = ("gpt2", "llama")                             # model.family: the block's layers (andrea_jax.model)
 # ProRes schedules (andrea_jax.model.prores has their formulas; paper Table 5)
 SCHEDULES = ("none", "linear", "linear_sqrt", "linear_square", "equal", "reverse",
@@ -62,7 +62,7 @@ class ModelConfig:
     dtype: str = "float32"      # compute dtype: float32 (CPU default) or bfloat16; params stay float32
     remat: str = "none"         # one of REMATS: what the backward pass recomputes of each block instead of storing it
                                 # (none; full: everything, the least memory; dots: all but the projection matmuls'
-                                # outputs)
+                                # outputs; gelu: only the MLP's GELU output, one elementwise pass)
     attention: str = "auto"     # auto (cuDNN flash attention where a GPU, bf16 and the head dim allow; else xla) | xla
                                 # | cudnn (falls back to xla, saying why)
     norm: str = "pre"           # block placement, one of NORMS (formulas: ProRes paper Table 1 / andrea_jax.model)
@@ -381,6 +381,8 @@ def validate(config: Config) -> Config:
     for section in dataclasses.fields(config):
         getattr(config, section.name).check()
     # The kernel backends fuse LayerNorm (with a bias) and bias + GELU; llama has neither.
+    _need(config.model.family != "llama" or config.model.remat != "gelu", "model.remat",
+          "gelu recomputes the GPT-2 MLP's GELU output; model.family=llama's MLP is SwiGLU: use dots or full")
     _need(config.model.family != "llama" or config.kernels.impl in ("auto", "xla"), "kernels.impl",
           f"{config.kernels.impl} has no RMSNorm or SwiGLU kernels for model.family=llama; "
           "use kernels.impl=xla or auto")

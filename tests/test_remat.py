@@ -1,5 +1,5 @@
-"""model.remat = none | full | dots: the same loss and gradients, and each stores less for the
-backward pass than the one before it (the vjp's residuals, counted exactly, not timed)."""
+"""model.remat = none | full | dots | gelu: the same loss and gradients, and each stores less for
+the backward pass than none (the vjp's residuals, counted exactly, not timed)."""
 import dataclasses
 import functools
 
@@ -34,7 +34,7 @@ def residual_bytes(vjp_fn) -> int:
     return sum(leaf.nbytes for leaf in jax.tree.leaves(vjp_fn))
 
 
-@pytest.mark.parametrize("remat", ["full", "dots"])
+@pytest.mark.parametrize("remat", ["full", "dots", "gelu"])
 def test_each_policy_gives_the_gradients_of_none(remat):
     loss, vjp = loss_and_vjp(remat)
     ref_loss, ref_vjp = loss_and_vjp("none")
@@ -49,12 +49,14 @@ def test_each_policy_gives_the_gradients_of_none(remat):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * float(np.abs(b).max()))
 
 
-def test_policies_store_less_in_order_none_dots_full():
+def test_policies_store_less_in_order_none_dots_full_and_gelu_drops_exactly_the_gelu_output():
     saved = {r: residual_bytes(loss_and_vjp(r)[1]) for r in config_lib.REMATS}
     assert saved["none"] > saved["dots"] > saved["full"], saved
+    # one [B, T, 4D] float32 GELU output per block: 2 x 12 x 128 x 4 bytes x 3 blocks
+    assert saved["none"] - saved["gelu"] == 2 * 12 * 4 * TINY.d_model * 4 * TINY.n_layer, saved
 
 
-POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+POLICIES = {"none": None, "gelu": None, "full": jax.checkpoint_policies.nothing_saveable,
             "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
@@ -69,7 +71,7 @@ def test_the_traced_model_checkpoints_each_block_with_the_policy_of_its_setting(
     eqns = list(all_eqns(jax.make_jaxpr(forward)(model_lib.param_shapes(TINY)).jaxpr))  # traced, not run
     matmuls = lambda e: sum(q.primitive.name == "dot_general" for q in all_eqns(e.params["jaxpr"]))
     blocks = [e for e in eqns if e.primitive.name in ("checkpoint", "remat2") and matmuls(e) >= 6]
-    if remat == "none":
+    if remat in ("none", "gelu"):  # gelu checkpoints GELU and the projection, not the block
         assert blocks == []
         return
     assert len(blocks) == 1, blocks
@@ -88,5 +90,11 @@ def test_old_boolean_settings_mean_full_and_none():
 
 def test_unknown_policy_is_refused_naming_the_key():
     cfg = config_lib.override(config_lib.Config(), ["model.remat=some"])
-    with pytest.raises(config_lib.ConfigError, match=r"^model\.remat: .*none, full, dots"):
+    with pytest.raises(config_lib.ConfigError, match=r"^model\.remat: .*none, full, dots, gelu"):
+        config_lib.validate(cfg)
+
+
+def test_gelu_is_refused_for_llama_whose_mlp_has_no_gelu():
+    cfg = config_lib.override(config_lib.Config(), ["model.family=llama", "model.remat=gelu", "kernels.impl=xla"])
+    with pytest.raises(config_lib.ConfigError, match=r"^model\.remat: gelu recomputes the GPT-2 MLP's GELU output"):
         config_lib.validate(cfg)

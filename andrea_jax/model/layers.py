@@ -206,9 +206,20 @@ def attention(y_BTD, qkv_kernel, qkv_bias, out_kernel, out_bias, cfg: ModelConfi
     return out_BTD, kv
 
 
+def _gelu_proj(h_BTF, fc_bias, proj_kernel, impl: str):
+    a_BTF = constrain(kernels.bias_gelu(h_BTF, fc_bias, impl=impl), ("batch", "seq", "mlp"))
+    return token_matmul(a_BTF, proj_kernel.astype(h_BTF.dtype))
+
+
+# model.remat=gelu: the GELU output (B T 4D, the largest activation a block keeps) is not saved for
+# the projection's weight gradient but recomputed from the pre-activation, which GELU's own backward
+# keeps anyway: one elementwise pass instead of B T 4D values held per block.
+_gelu_proj_recomputed = jax.checkpoint(_gelu_proj, static_argnums=(3,), policy=jax.checkpoint_policies.nothing_saveable)
+
+
 def mlp(y_BTD, fc_kernel, fc_bias, proj_kernel, proj_bias, cfg: ModelConfig, impl: str):
     """proj(GELU(fc(y))), the bias and GELU fused in one kernel, computed in cfg.dtype."""
     dtype = jnp.dtype(cfg.dtype)
     h_BTF = constrain(token_matmul(y_BTD.astype(dtype), fc_kernel.astype(dtype)), ("batch", "seq", "mlp"))
-    h_BTF = constrain(kernels.bias_gelu(h_BTF, fc_bias, impl=impl), ("batch", "seq", "mlp"))
-    return constrain(token_matmul(h_BTF, proj_kernel.astype(dtype)) + proj_bias.astype(dtype), STREAM_BTD)
+    gelu_proj = _gelu_proj_recomputed if cfg.remat == "gelu" else _gelu_proj
+    return constrain(gelu_proj(h_BTF, fc_bias, proj_kernel, impl) + proj_bias.astype(dtype), STREAM_BTD)
