@@ -35,9 +35,11 @@ def resolved(spec_name: str, arm: str, group: str | None = None) -> config_lib.C
 
 
 # Specs whose LRs are computed from a kept report: until the report says what they need, loading
-# them refuses with the reason (tests/test_l_choice.py loads them on made-up reports).
+# them refuses with the reason (tests/test_l_choice.py and test_m_choice.py load them on made-up reports).
 AWAITING = {"l_stage1_ext": "no report of l_stage1|need no extension",
-            "l_stage2": "no report of l_stage1|still need extensions"}
+            "l_stage2": "no report of l_stage1|still need extensions",
+            "mh_horizon": "no report of l_stage", "mw_width_lr": "no report of l_stage",
+            "mw_width": "no report of (l_stage|mw_width_lr)|still need"}
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
