@@ -1,0 +1,160 @@
+"""andrea_jax.train.population: N members trained by one vmapped step compute what their solo runs
+compute (steps.create_state + steps.make_train_step, same batches), a member gone non-finite is
+frozen without touching its neighbours, and members that differ in a structural setting are refused."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from andrea_jax.config import SCHEDULES, Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig
+from andrea_jax.errors import ConfigError
+from andrea_jax.model import prores
+from andrea_jax.train import optim, population, steps
+
+K = 24  # steps: past every ProRes ramp and every LR warmup but member 3's, longer than the run (capped at K)
+BASE = Config(model=ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=2, n_head=4),
+              prores=ProResConfig(schedule="linear", warmup=5),
+              optim=OptimConfig(lr=1e-2, warmup_steps=5, weight_decay=0.1),
+              train=TrainConfig(steps=K, batch_size=4, data_seed=0))
+MEMBERS = [
+    ["train.seed=0", "optim.lr=1e-2", "optim.warmup_steps=0", "optim.weight_decay=0.1", "prores.warmup=5"],
+    ["train.seed=1", "optim.lr=3e-3", "optim.warmup_steps=5", "optim.weight_decay=0.0", "prores.warmup=8",
+     "prores.scale_updates=alpha"],
+    ["train.seed=2", "optim.lr=5e-3", "optim.warmup_steps=3", "optim.weight_decay=1.5", "prores.warmup=3",
+     "prores.scale_updates=alpha", "prores.forward=false"],
+    ["train.seed=0", "optim.lr=2e-2", "optim.warmup_steps=40", "optim.weight_decay=0.05", "prores.warmup=0"],
+]
+# Measured on the CPU after K steps: the largest |population - solo| over the parameters was 1.5e-4
+# (member 0; 6e-6 to 1.2e-4 for the others), over the optimizer state 4.3e-7. It is rounding, magnified:
+# a solo run of member 0 started one ulp away in the embedding ends 2e-4 away (Adam's early steps
+# divide near-zero gradients by their own size), and the vmapped program rounds unlike the solo one.
+TOLERANCE = 5e-4
+OPT_TOLERANCE = 2e-6
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return steps.make_mesh(BASE)
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return jax.random.randint(jax.random.key(7), (K, BASE.train.batch_size, BASE.model.seq_len + 1), 0, 300)
+
+
+@pytest.fixture(scope="module")
+def solo(mesh, batches):
+    """solo(cfg) -> (params, opt_state) of a solo run of cfg over the K batches (cached)."""
+    runs = {}
+
+    def run(cfg):
+        if cfg not in runs:
+            state = steps.create_state(cfg, jax.random.key(cfg.train.seed), mesh)
+            step = steps.make_train_step(cfg, mesh)
+            for tokens in batches:
+                state, _ = step(state, tokens)
+            runs[cfg] = jax.device_get((state.params, state.opt_state))
+        return runs[cfg]
+    return run
+
+
+@pytest.fixture(scope="module")
+def pop_step(mesh):
+    """One compiled population step: it depends on the members' structure, not on their settings."""
+    return population.make_train_step(population.member_configs(BASE, MEMBERS), mesh)
+
+
+def train(state, step, batches):
+    for tokens in batches:
+        state, metrics = step(state, tokens)
+    return jax.device_get(state), jax.device_get(metrics)
+
+
+def max_diff(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in
+               zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def test_every_member_equals_its_solo_run(mesh, batches, solo, pop_step):
+    cfgs = population.member_configs(BASE, MEMBERS)
+    state, metrics = train(population.create_states(cfgs, mesh), pop_step, batches)
+    assert metrics["loss"].shape == (len(cfgs),) and not metrics["frozen"].any()
+    assert list(state.step) == [K] * len(cfgs)
+    for i, cfg in enumerate(cfgs):
+        _, params, opt_state = population.member(state, i)
+        solo_params, solo_opt_state = solo(cfg)
+        assert jax.tree.structure(opt_state) == jax.tree.structure(solo_opt_state)
+        print(f"member {i}: max |params - solo| = {max_diff(params, solo_params):.3g}, "
+              f"opt_state {max_diff(opt_state, solo_opt_state):.3g}")
+        assert max_diff(params, solo_params) <= TOLERANCE, i
+        assert max_diff(opt_state, solo_opt_state) <= OPT_TOLERANCE, i
+    # The members moved apart: equal settings would have let a per-member bug pass.
+    assert max_diff(population.member(state, 0)[1], population.member(state, 3)[1]) > 100 * TOLERANCE
+
+
+def check_frozen_and_neighbours(state, metrics, cfgs, bad, initial_params, solo):
+    assert list(metrics["frozen"]) == [i == bad for i in range(len(cfgs))]
+    assert state.step[bad] == 0
+    np.testing.assert_array_equal(  # kept as it was, NaNs included
+        np.concatenate([np.ravel(x) for x in jax.tree.leaves(population.member(state, bad)[1])]),
+        np.concatenate([np.ravel(x) for x in jax.tree.leaves(initial_params)]))
+    for i, cfg in enumerate(cfgs):
+        if i != bad:
+            assert max_diff(population.member(state, i)[1], solo(cfg)[0]) <= TOLERANCE, i
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e39: float32's inf
+def test_a_member_with_a_non_finite_update_is_frozen_and_the_others_are_solo_runs(mesh, batches, solo, pop_step):
+    bad = 1
+    cfgs = population.member_configs(BASE, [m + ["optim.lr=1e39"] if i == bad else m for i, m in enumerate(MEMBERS)])
+    start = population.create_states(cfgs, mesh)
+    initial = jax.device_get(population.member(start, bad)[1])
+    state, metrics = train(start, pop_step, batches)
+    check_frozen_and_neighbours(state, metrics, cfgs, bad, initial, solo)
+
+
+def test_a_member_with_a_nan_parameter_is_frozen_and_the_others_are_solo_runs(mesh, batches, solo, pop_step):
+    bad = 2
+    cfgs = population.member_configs(BASE, MEMBERS)
+    start = population.create_states(cfgs, mesh)
+    wte = start.params["tok_embedding"]
+    start = start.replace(params={**start.params, "tok_embedding": wte.at[bad, 0, 0].set(jnp.nan)})
+    initial = jax.device_get(population.member(start, bad)[1])
+    state, metrics = train(start, pop_step, batches)
+    assert np.isnan(metrics["loss"][bad])
+    check_frozen_and_neighbours(state, metrics, cfgs, bad, initial, solo)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+@pytest.mark.parametrize("warmup", [0, 1, 3, K, K + 5])
+def test_lr_at_is_optim_lr_schedule_at_traced_settings(schedule, warmup):
+    cfg = dataclasses.replace(BASE, optim=dataclasses.replace(BASE.optim, schedule=schedule, warmup_steps=warmup,
+                                                              lr=3e-3))
+    expected = optim.lr_schedule(cfg.optim, K)
+    at = jax.jit(jax.vmap(lambda t: population.lr_at(cfg, jnp.float32(3e-3), jnp.int32(warmup), t)))
+    t = jnp.arange(K + 3, dtype=jnp.int32)
+    np.testing.assert_allclose(at(t), jax.vmap(expected)(t), rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_schedule_alphas_at_a_traced_t_are_prores_s(schedule):
+    cfg = dataclasses.replace(BASE, prores=dataclasses.replace(BASE.prores, schedule=schedule))
+    t = jnp.arange(0, 30, dtype=jnp.int32)
+    at = jax.jit(jax.vmap(lambda T, s: population.schedule_alphas(cfg, T, s), in_axes=(None, 0)))
+    for T in (0, 1, 3, 7):
+        expected = jax.vmap(lambda s: prores.alphas(s, cfg.model.n_layer, schedule=schedule, warmup=T))(t)
+        np.testing.assert_allclose(at(jnp.int32(T), t), expected, rtol=1e-6, atol=1e-7, err_msg=f"T={T}")
+
+
+@pytest.mark.parametrize("overrides,key", [
+    ([[], ["model.d_model=64"]], "model.d_model"),
+    ([[], ["optim.schedule=wsd"]], "optim.schedule"),
+    ([[], ["train.batch_size=8"]], "train.batch_size"),
+    ([["train.data_seed=-1"], ["train.data_seed=-1", "train.seed=3"]], "train.data_seed"),
+    ([["optim.name=muon"]], "optim.name"),
+])
+def test_a_structural_difference_is_refused_by_name(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        population.member_configs(BASE, overrides)
