@@ -72,9 +72,9 @@ def main(argv=None) -> int:
     for chunk in [int(c) for c in args.knockout_chunks.split(",")]:
         chunked = dataclasses.replace(cfg, diagnostics=dataclasses.replace(cfg.diagnostics, knockout_chunk=chunk))
         knockout_step = steps.make_knockout_step(chunked, mesh)
-        knockout_by_chunk[chunk] = timed(lambda: steps.knockout(knockout_step, params, step, batches, 0.0), args.repeats)
-    knockout = knockout_by_chunk[cfg.diagnostics.knockout_chunk] if cfg.diagnostics.knockout_chunk in knockout_by_chunk \
-        else next(iter(knockout_by_chunk.values()))
+        knockout_by_chunk[chunk] = timed(lambda: steps.knockout(knockout_step, params, step, batches, 0.0),
+                                         args.repeats)
+    knockout = knockout_by_chunk.get(cfg.diagnostics.knockout_chunk, next(iter(knockout_by_chunk.values())))
     loaded = load.LoadedModel(cfg, params, tok, int(step), "random")
     examples = [tasks_lib.read_task(p) for p in TASKS]
     scoring = timed(lambda: [tasks_lib.score_task(loaded, e) for e in examples], args.repeats)

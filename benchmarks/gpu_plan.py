@@ -65,14 +65,16 @@ def main(argv=None):
     base = dataclasses.replace(base, train=dataclasses.replace(base.train, batch_size=args.batch))
     usable = aot.target_memory(args.target) * args.mem_fraction
     tokens = args.batch * base.model.seq_len
-    step_s = tokens * mfu_lib.model_flops_per_token(base.model) / (0.4 * mfu_lib.peak_flops(aot.target_kind(args.target)))
+    peak_flops = mfu_lib.peak_flops(aot.target_kind(args.target))
+    step_s = tokens * mfu_lib.model_flops_per_token(base.model) / (0.4 * peak_flops)
     devices = aot.gpu_devices(args.target, 1)
     planned = []
     for overrides in sorted(variants(crosses), key=order_key):
         cfg = config_lib.validate(config_lib.override(base, overrides))
         (report,) = aot.compile_steps(cfg, devices, eval_step=False, count_flops=False)
-        entry = {"overrides": overrides, "peak_gib": round(report.peak_bytes / 2**30, 2), "peak_bytes": report.peak_bytes,
-                 "fits": report.peak_bytes <= usable, "compile_s": round(report.compile_s, 1),
+        entry = {"overrides": overrides, "peak_gib": round(report.peak_bytes / 2**30, 2),
+                 "peak_bytes": report.peak_bytes, "fits": report.peak_bytes <= usable,
+                 "compile_s": round(report.compile_s, 1),
                  "est_s": round(report.compile_s + (2 + args.steps) * step_s, 1)}
         planned.append(entry)
         print(json.dumps(entry), flush=True)

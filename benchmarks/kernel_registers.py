@@ -93,7 +93,8 @@ def compile_kernels(target: str, rows: int, tiling, dump_dir: str) -> None:
 def measure(target: str, rows: int, tiling) -> dict[str, int]:
     """Compiles in a child process: XLA reads its dump flag once per process."""
     with tempfile.TemporaryDirectory() as dump:
-        code = (f"import sys; sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r}); import kernel_registers as k; "
+        here = str(pathlib.Path(__file__).parent)
+        code = (f"import sys; sys.path.insert(0, {here!r}); import kernel_registers as k; "
                 f"from andrea_jax.kernels import pallas_ops; "
                 f"k.compile_kernels({target!r}, {rows}, pallas_ops.{tiling!r}, {dump!r})")
         env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",

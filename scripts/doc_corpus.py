@@ -9,10 +9,10 @@ for experiments that read more tokens than one epoch of the embedded tinyshakesp
 
 Why these: they install offline from the distribution's own mirror (no web crawl, no licence
 question beyond the packages' own), they are prose written by people (reStructuredText, POD and
-AsciiDoc sources where a package ships them; the text of its HTML pages where it does not), and together they give more than 20M tokens of the project's
-8449-token BPE (docs/DATA.md gives the measured count). One document is one source file; the
-files are written in a fixed order, so the corpus is the same on every machine with the same
-package versions.
+AsciiDoc sources where a package ships them; the text of its HTML pages where it does not), and
+together they give more than 20M tokens of the project's 8449-token BPE (docs/DATA.md gives the
+measured count). One document is one source file; the files are written in a fixed order, so the
+corpus is the same on every machine with the same package versions.
 """
 from __future__ import annotations
 

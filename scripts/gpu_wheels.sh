@@ -10,7 +10,8 @@ py="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python
 grep -qxs '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
 mkdir -p .whl
 platforms=()
-for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
+for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
+         manylinux2014_x86_64 manylinux1_x86_64; do
   platforms+=(--platform "$p")
 done
 # What a run on the embedded corpus imports beyond the GPU image: grain and its array_record and

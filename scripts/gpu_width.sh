@@ -14,7 +14,8 @@ runs="${RUNS:-/tmp/gpu_width_runs}"
 py="${PYTHON:-python3}"
 mkdir -p "$out" "$runs"
 if ! "$py" -c "import grain, tensorflow_datasets" 2> /dev/null; then  # the GPU image has neither
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if [ "${1:-}" = "--smoke" ]; then

@@ -1,10 +1,15 @@
-"""Helpers several test modules share: a model's parameters moved off their init, and a project
-command run in a subprocess from the repository root, or started with SIGINT ignored."""
+"""Helpers several test modules share: a model's parameters moved off their init, its logits from a
+plain forward pass and from a KV cache filled a token at a time; a project command run in a
+subprocess from the repository root, or started with SIGINT ignored, train.py's command line, and
+waiting for a started process to print something."""
+import functools
 import pathlib
 import subprocess
 import sys
+import time
 
 import jax
+import jax.numpy as jnp
 
 from andrea_jax import model as model_lib
 
@@ -29,3 +34,45 @@ def run_module(module, *args, timeout=300, **kwargs):
     """The command `module` (run with -m) with `args`, from the repository root, its output captured as text."""
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, **kwargs)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def forward_logits(model, params, tokens_BT, alphas_L):
+    """The logits of one plain forward pass, compiled once per model and shape."""
+    return model.apply({"params": params}, tokens_BT, alphas_L).logits
+
+
+def cached_logits(cfg, apply, params, tokens_BT, alphas, prefill_len):
+    """Logits at every position: a prefill of prefill_len tokens, then one token at a time, each call
+    apply(params, tokens, alphas, cache) -> (logits, _, (k, v)). The cache's index and positions are
+    int32 at every step, so a jitted apply compiles two shapes, the prefill's and the steps'."""
+    B, T = tokens_BT.shape
+    k, v = model_lib.empty_cache(cfg, B)
+    valid = jnp.zeros((B, cfg.seq_len), bool).at[:, :prefill_len].set(True)
+    positions = jnp.broadcast_to(jnp.arange(prefill_len, dtype=jnp.int32), (B, prefill_len))
+    logits, _, (k, v) = apply(params, tokens_BT[:, :prefill_len], alphas, model_lib.KVCache(k, v, 0, positions, valid))
+    out = [logits]
+    for t in range(prefill_len, T):
+        valid = valid.at[:, t].set(True)
+        cache = model_lib.KVCache(k, v, jnp.int32(t), jnp.full((B, 1), t, jnp.int32), valid)
+        logits, _, (k, v) = apply(params, tokens_BT[:, t:t + 1], alphas, cache)
+        out.append(logits)
+    return jnp.concatenate(out, axis=1)
+
+
+def train_command(workdir, settings, *flags, config="tiny"):
+    """train.py's command line: `config` trained in `workdir`, with `flags`, each of `settings` a --set."""
+    cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(config), "--workdir", str(workdir), *flags]
+    for s in settings:
+        cmd += ["--set", s]
+    return cmd
+
+
+def wait_for_text(proc, text, timeout=120):
+    """Waits for `text` anywhere in the file proc.log that a started process writes its output to;
+    anywhere, not only at a line's start: a progress bar on stderr, in the same file, leaves no line
+    break before what the process prints next. Fails if the process ends first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while text not in pathlib.Path(proc.log).read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, pathlib.Path(proc.log).read_text()[-2000:]
+        time.sleep(0.01)

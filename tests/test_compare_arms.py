@@ -11,16 +11,20 @@ from andrea_jax.repro import compare
 from _summaries import summary
 
 def test_arms_of_two_reports_pair_seed_by_seed_with_hand_computed_statistics(tmp_path):
-    a = summary(tmp_path / "a.json", "h", {"none": (["prores.schedule=none"], [6.0, 6.2, 6.1]),
-                                            "warm": (["prores.schedule=none", "optim.warmup_steps=312"], [5.9, 6.0, 6.05])})
-    b = summary(tmp_path / "b.json", "h2", {"ff": (["prores.schedule=linear", "prores.forward=false"], [5.8, 6.1, 5.7])})
-    rows = compare.compare_arms(compare.load_arm(f"{a}:warm"), [compare.load_arm(f"{b}:ff"), compare.load_arm(f"{a}:none")])
+    a = summary(tmp_path / "a.json", "h", {
+        "none": (["prores.schedule=none"], [6.0, 6.2, 6.1]),
+        "warm": (["prores.schedule=none", "optim.warmup_steps=312"], [5.9, 6.0, 6.05])})
+    b = summary(tmp_path / "b.json", "h2",
+                {"ff": (["prores.schedule=linear", "prores.forward=false"], [5.8, 6.1, 5.7])})
+    rows = compare.compare_arms(compare.load_arm(f"{a}:warm"),
+                                [compare.load_arm(f"{b}:ff"), compare.load_arm(f"{a}:none")])
     ff, none = rows
     d = np.array([5.8 - 5.9, 6.1 - 6.0, 5.7 - 6.05])
     half = scipy.stats.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
     assert ff["mean_diff"] == pytest.approx(d.mean(), abs=1e-12)
     assert ff["mean"] == pytest.approx(np.mean([5.8, 6.1, 5.7]), abs=1e-12)
-    assert (ff["t_lo"], ff["t_hi"]) == (pytest.approx(d.mean() - half, abs=1e-9), pytest.approx(d.mean() + half, abs=1e-9))
+    assert (ff["t_lo"], ff["t_hi"]) == (pytest.approx(d.mean() - half, abs=1e-9),
+                                        pytest.approx(d.mean() + half, abs=1e-9))
     flips = [abs(np.dot(s, d)) / 3 for s in itertools.product((1, -1), repeat=3)]
     assert ff["p"] == pytest.approx(np.mean([m >= abs(d.mean()) - 1e-12 for m in flips]))
     assert (ff["n"], ff["p_min"], ff["seeds"]) == (3, 0.25, [0, 1, 2])
@@ -30,7 +34,8 @@ def test_arms_of_two_reports_pair_seed_by_seed_with_hand_computed_statistics(tmp
     assert none["differs"] == ["optim.warmup_steps=(unset) (baseline 312)"]
     text = compare.table(compare.load_arm(f"{a}:warm"), rows, "final_val_loss")
     assert text.splitlines()[0] == "baseline warm: mean final_val_loss 5.983"
-    assert f"| ff | 5.867 | {d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}] | 3 | {ff['p']:.4g} (0.25) |" in text
+    assert (f"| ff | 5.867 | {d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}] | 3 "
+            f"| {ff['p']:.4g} (0.25) |") in text
 
 
 def test_only_the_common_finished_seeds_pair(tmp_path):

@@ -104,7 +104,9 @@ def test_validation_batches_are_fixed_windows_in_order_split_per_process():
 
 
 def test_too_few_windows_for_one_batch_says_so():
-    with pytest.raises(DataError, match=r"37 windows of seq_len \+ 1 = 5, fewer than one batch of train.batch_size=64: use a larger corpus \(data.source=files or tfds\) or --set train.batch_size=N with N <= 37"):
+    too_few = (r"37 windows of seq_len \+ 1 = 5, fewer than one batch of train.batch_size=64: use a larger corpus "
+               r"\(data.source=files or tfds\) or --set train.batch_size=N with N <= 37")
+    with pytest.raises(DataError, match=too_few):
         batches(64)
     with pytest.raises(DataError, match="train.batch_size=8 is not divisible by the 3 processes"):
         batches(8, process_count=3)

@@ -58,7 +58,8 @@ def test_lost_pairs_are_counted_and_too_few_pairs_refused(tmp_path):
     path = summary(tmp_path / "s.json", "l", {"none": ([], [6.4, 6.5, 6.3]), "x": (["x=1"], [6.3, float("nan"), 6.2])})
     rows = decide.decide([("a", compare.load_arm(f"{path}:x"), compare.load_arm(f"{path}:none"))], 0.02)
     assert (rows[0]["n"], rows[0]["lost"]) == (2, 1)
-    path = summary(tmp_path / "t.json", "l", {"none": ([], [6.4, 6.5]), "x": (["x=1"], [6.3, float("nan")])}, seeds=(0, 1))
+    path = summary(tmp_path / "t.json", "l", {"none": ([], [6.4, 6.5]), "x": (["x=1"], [6.3, float("nan")])},
+                   seeds=(0, 1))
     with pytest.raises(ConfigError, match="1 finished pair"):
         decide.decide([("a", compare.load_arm(f"{path}:x"), compare.load_arm(f"{path}:none"))], 0.02)
 

@@ -2,20 +2,17 @@
 what the command or config asks (fix it), 1 for a run that failed; --debug shows the traceback."""
 import os
 import subprocess
-import sys
 
 import pytest
 
-from test_multihost import ROOT
+from _helpers import ROOT, train_command
 
 TOY = ["train.steps=2", "train.batch_size=4", "train.sample_tokens=0", "model.n_layer=1", "model.d_model=32",
        "model.seq_len=16", "model.vocab_size=300", "diagnostics.tensorboard=false"]
 
 
 def start(tmp_path, config, workdir, *settings, env=None, flags=()):
-    cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(config), "--workdir", str(workdir), *flags]
-    for s in settings:
-        cmd += ["--set", s]
+    cmd = train_command(workdir, settings, *flags, config=config)
     env = {**os.environ, "XLA_FLAGS": "", "ANDREA_CACHE": str(tmp_path / "cache"), **(env or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 

@@ -1,6 +1,5 @@
 """andrea_jax.serve.evaluate: perplexity, bits per byte, strided windows, task scoring and the CLI, each
 checked against a computation done here with a plain forward pass of the model."""
-import functools
 import json
 import math
 import pathlib
@@ -9,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from _helpers import run_module
+from _helpers import forward_logits, run_module
 from andrea_jax.serve import evaluate, load, scoring, tasks
 from andrea_jax.errors import TaskError
 from andrea_jax.data import tokenizer as tok_lib
@@ -31,14 +30,9 @@ def logprobs_of(loaded, ids):
     n = len(ids) - 1
     padded = np.zeros((1, SEQ_LEN), np.int32)
     padded[0, :n] = ids[:-1]
-    logits = _forward(loaded.model("xla"), loaded.params, padded, loaded.alphas())
+    logits = forward_logits(loaded.model("xla"), loaded.params, padded, loaded.alphas())
     logp = np.asarray(jax.nn.log_softmax(logits[0, :n].astype(np.float32), axis=-1))
     return logp[np.arange(n), ids[1:]], np.argmax(logp, axis=-1) == ids[1:]
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _forward(model, params, tokens_BT, alphas_L):
-    return model.apply({"params": params}, tokens_BT, alphas_L).logits
 
 
 def continuation_ll(loaded, context, continuation):

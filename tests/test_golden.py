@@ -3,7 +3,6 @@ stay where they were, to a cross-machine tolerance, unless updated on purpose; e
 checkpoint in tests/data is restored, its parameters bit for bit and its next step's loss, and a
 checkpoint of a newer format version is refused in one line naming it."""
 import json
-import os
 import pathlib
 import shutil
 import sys
@@ -21,18 +20,6 @@ import golden  # noqa: E402
 # most 9.5e-7 in a loss (~5.5, two float32 ulps); the bound leaves a margin of ~10x for other machines.
 LOSS_ATOL = 1e-5
 GOLDEN_CHECKPOINTS = sorted(golden.DATA.glob("golden_checkpoint_v*"))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def own_cache(tmp_path_factory):
-    """One cache for the module: its runs tokenize the same corpus with the same tokenizer."""
-    saved = os.environ.get("ANDREA_CACHE")
-    os.environ["ANDREA_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if saved is None:
-        os.environ.pop("ANDREA_CACHE")
-    else:
-        os.environ["ANDREA_CACHE"] = saved
 
 
 def test_the_first_20_losses_of_a_fixed_tiny_run_stay_golden(tmp_path):

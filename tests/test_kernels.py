@@ -458,8 +458,10 @@ S = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
 F = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
 cases = [
     (lambda x, g, b: kernels.layer_norm(x, g, b, impl="triton", y_dtype=jnp.bfloat16), (F(64, 768), F(768), F(768))),
-    (lambda x, d, g, b: kernels.residual_layer_norm(x, d, 0.5, g, b, impl="triton"), (S(64, 768), S(64, 768), F(768), F(768))),
-    (lambda x, d, a, g, b: kernels.residual_layer_norm(x, d, a, g, b, impl="triton"), (F(64, 768), F(64, 768), F(), F(768), F(768))),
+    (lambda x, d, g, b: kernels.residual_layer_norm(x, d, 0.5, g, b, impl="triton"),
+     (S(64, 768), S(64, 768), F(768), F(768))),
+    (lambda x, d, a, g, b: kernels.residual_layer_norm(x, d, a, g, b, impl="triton"),
+     (F(64, 768), F(64, 768), F(), F(768), F(768))),
     (lambda h, b: kernels.bias_gelu(h, b, impl="triton"), (S(64, 3072), F(3072))),
 ]
 h200 = jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(

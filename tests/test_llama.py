@@ -22,6 +22,7 @@ from andrea_jax.train import optim, steps
 
 import _ref_blocks as ref
 from _devices import cpu_devices_env
+from _helpers import cached_logits
 from test_generate import perturbed_params
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -162,23 +163,6 @@ def test_remat_changes_nothing():
 
 # --- decoding -------------------------------------------------------------------------------------
 
-def cached_logits(cfg, apply, params, tokens_BT, alphas, prefill_len):
-    """Logits at every position: a prefill of prefill_len tokens, then one token at a time
-    (tests/test_generate.py's helper, compiled: two shapes)."""
-    B, T = tokens_BT.shape
-    k, v = model_lib.empty_cache(cfg, B)
-    valid = jnp.zeros((B, cfg.seq_len), bool).at[:, :prefill_len].set(True)
-    positions = jnp.broadcast_to(jnp.arange(prefill_len, dtype=jnp.int32), (B, prefill_len))
-    logits, _, (k, v) = apply(params, tokens_BT[:, :prefill_len], alphas, model_lib.KVCache(k, v, 0, positions, valid))
-    out = [logits]
-    for t in range(prefill_len, T):
-        valid = valid.at[:, t].set(True)
-        cache = model_lib.KVCache(k, v, jnp.int32(t), jnp.full((B, 1), t, jnp.int32), valid)
-        logits, _, (k, v) = apply(params, tokens_BT[:, t:t + 1], alphas, cache)
-        out.append(logits)
-    return jnp.concatenate(out, axis=1)
-
-
 @pytest.mark.parametrize("norm,gates", [("pre", "learned"), ("post", "none"), ("lns", "none")])
 def test_cached_decoding_equals_full_forward_at_every_position(norm, gates):
     cfg = dataclasses.replace(SMALL, norm=norm, gates=gates)
@@ -215,7 +199,8 @@ def test_left_padded_rows_equal_their_unpadded_prompts_at_every_step():
             valid_BS[:, P + i] = True
             fed_B1 = np.array([[seq[n + i]] for seq, n in zip(seqs, lengths)], np.int32)
             pos_B1 = np.array([[position_of(r, i)] for r in range(B)], np.int32)
-            logits, _, (k, v) = apply(params, fed_B1, ALPHAS, model_lib.KVCache(k, v, np.int32(P + i), pos_B1, valid_BS.copy()))
+            cache = model_lib.KVCache(k, v, np.int32(P + i), pos_B1, valid_BS.copy())
+            logits, _, (k, v) = apply(params, fed_B1, ALPHAS, cache)
             out.append(np.asarray(logits))
         return np.concatenate(out, axis=1)
 

@@ -4,7 +4,6 @@ import os
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # before lm_eval imports datasets: nothing may reach the hub
 
-import functools
 import pathlib
 
 import jax
@@ -15,7 +14,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from _helpers import run_module
+from _helpers import forward_logits, run_module
 from andrea_jax.serve import scoring, tasks
 from andrea_jax.data import tokenizer as tok_lib
 from andrea_jax.serve.lm_eval_adapter import AndreaLM, cut_at_stop
@@ -36,14 +35,9 @@ def forward_logprobs(loaded, ids):
     n = len(ids) - 1
     padded = np.zeros((1, SEQ_LEN), np.int32)
     padded[0, :n] = ids[:-1]
-    logits = _forward(loaded.model("xla"), loaded.params, padded, loaded.alphas())
+    logits = forward_logits(loaded.model("xla"), loaded.params, padded, loaded.alphas())
     logp = np.asarray(jax.nn.log_softmax(logits[0, :n].astype(np.float32), axis=-1))
     return logp[np.arange(n), ids[1:]]
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _forward(model, params, tokens_BT, alphas_L):
-    return model.apply({"params": params}, tokens_BT, alphas_L).logits
 
 
 def test_local_tasks_score_every_request_as_the_project_and_a_plain_forward_pass(lm):

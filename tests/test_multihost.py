@@ -4,26 +4,19 @@ ProRes at T = 2 the alphas ramp through the whole run (layer 2 fully on only aft
 in-loop task scores (train.eval_tasks) equal one process's."""
 import json
 import os
-import pathlib
 import subprocess
-import sys
 
 import numpy as np
 import portpicker
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from _helpers import ROOT, train_command
+
+TASKS = ROOT / "tasks"
 SETTINGS = ["train.steps=4", "train.log_every=1", "train.eval_every=2", "train.eval_batches=1",
             "train.batch_size=4", "train.sample_tokens=0", "train.checkpoint_every=2",
             "model.n_layer=2", "model.d_model=32", "model.seq_len=16", "diagnostics.tensorboard=false",
             "prores.schedule=linear", "prores.warmup=2",
-            f"train.eval_tasks={ROOT / 'tasks' / 'shakespeare_mc.jsonl'},{ROOT / 'tasks' / 'shakespeare_lambada.jsonl'}"]
-
-
-def command(workdir, *extra):
-    cmd = [sys.executable, str(ROOT / "train.py"), "--config", "tiny", "--workdir", str(workdir), *extra]
-    for s in SETTINGS:
-        cmd += ["--set", s]
-    return cmd
+            f"train.eval_tasks={TASKS / 'shakespeare_mc.jsonl'},{TASKS / 'shakespeare_lambada.jsonl'}"]
 
 
 def metric_lines(workdir):
@@ -33,15 +26,16 @@ def metric_lines(workdir):
 def test_two_processes_equal_one(tmp_path):
     env = {**os.environ, "XLA_FLAGS": ""}  # one CPU device per process
     port = portpicker.pick_unused_port()
-    procs = [subprocess.Popen(command(tmp_path / "multi", "--coordinator", f"127.0.0.1:{port}",
-                                      "--num-processes", "2", "--process-id", str(i)),
+    procs = [subprocess.Popen(train_command(tmp_path / "multi", SETTINGS, "--coordinator", f"127.0.0.1:{port}",
+                                            "--num-processes", "2", "--process-id", str(i)),
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
     outputs = [p.communicate(timeout=400)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert "2 cpu device(s) in 2 process(es)" in outputs[0]
 
-    single = subprocess.run(command(tmp_path / "single"), env=env, capture_output=True, text=True, timeout=400)
+    single = subprocess.run(train_command(tmp_path / "single", SETTINGS), env=env, capture_output=True, text=True,
+                            timeout=400)
     assert single.returncode == 0, single.stderr[-3000:]
 
     multi, one = metric_lines(tmp_path / "multi"), metric_lines(tmp_path / "single")

@@ -113,8 +113,8 @@ def test_prores_update_scales_multiply_the_muon_update_of_each_block():
     scaled = trajectory(config("gpt2"), block_scales=lambda step: factors_L)
     for (_, _, want), (_, _, got) in zip(plain[:1], scaled[:1]):  # after step 1 the params differ
         for name, u in got["blocks"].items():  # measured equal (native and AVX2); rtol as above
-            np.testing.assert_allclose(u, np.asarray(want["blocks"][name]) * factors_L.reshape(-1, *(1,) * (u.ndim - 1)),
-                                       rtol=1e-6, atol=1e-12, err_msg=name)
+            expected = np.asarray(want["blocks"][name]) * factors_L.reshape(-1, *(1,) * (u.ndim - 1))
+            np.testing.assert_allclose(u, expected, rtol=1e-6, atol=1e-12, err_msg=name)
         for name in ("tok_embedding", "lnf_scale"):
             np.testing.assert_array_equal(got[name], want[name])
 

@@ -55,8 +55,8 @@ def test_the_main_job_runs_without_any_optional_dependency(tmp_path):
 def test_every_console_script_answers_help_without_any_optional_dependency(tmp_path, script):
     module, function = SCRIPTS[script].split(":")
     call = f"import sys; sys.argv = [{script!r}, '--help']; import {module}; sys.exit({module}.{function}())"
-    proc = subprocess.run([sys.executable, "-c", call], cwd=ROOT, env=refusing_env(tmp_path / "site", env=_env(tmp_path)),
-                          capture_output=True, text=True, timeout=300)
+    env = refusing_env(tmp_path / "site", env=_env(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", call], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage" in proc.stdout.lower() and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
 

@@ -21,8 +21,8 @@ from andrea_jax.errors import TrainingError
 from andrea_jax.serve import load
 from andrea_jax.train import loop as trainer, preemption
 from andrea_jax.workdir import Workdir
-from _helpers import IGNORING_SIGINT, PROGRAMS
-from test_multihost import ROOT, metric_lines
+from _helpers import IGNORING_SIGINT, PROGRAMS, ROOT, train_command, wait_for_text
+from test_multihost import metric_lines
 
 TOY = ["train.eval_batches=1", "train.batch_size=4", "train.sample_tokens=0", "model.n_layer=2",
        "model.d_model=32", "model.seq_len=16", "diagnostics.tensorboard=false"]
@@ -39,24 +39,12 @@ def prores(T):
 SPIKY = ["optim.skip_spikes=1", "optim.skip_spikes_window=8"]
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
-
-
-def command(workdir, settings, *flags):
-    cmd = [sys.executable, str(ROOT / "train.py"), "--config", "tiny", "--workdir", str(workdir), *flags]
-    for s in settings:
-        cmd += ["--set", s]
-    return cmd
-
-
 def start(workdir, settings, *flags, log_name="log", env=None):
     """A train.py process writing its stdout and stderr to files (a full pipe would block it)."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = (workdir.parent / f"{workdir.name}.{log_name}").open("w")
     env = {**os.environ, "XLA_FLAGS": "", **(env or {})}  # one CPU device per process
-    proc = subprocess.Popen(command(workdir, settings, *flags), stdout=out, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(train_command(workdir, settings, *flags), stdout=out, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=ROOT)
     proc.log = out.name
     return proc
@@ -70,15 +58,6 @@ def finish(proc, timeout=300) -> str:
 def wait_for_a_line(proc, prefix, timeout=200):
     deadline = time.monotonic() + timeout
     while not any(l.startswith(prefix) for l in open(proc.log).read().splitlines()):
-        assert time.monotonic() < deadline and proc.poll() is None, open(proc.log).read()[-2000:]
-        time.sleep(0.01)
-
-
-def wait_for_text(proc, text, timeout=200):
-    """Like wait_for_a_line, for text anywhere in the log: the progress bar (on stderr, in the same
-    file) leaves no line break before what the run prints next."""
-    deadline = time.monotonic() + timeout
-    while text not in open(proc.log).read():
         assert time.monotonic() < deadline and proc.poll() is None, open(proc.log).read()[-2000:]
         time.sleep(0.01)
 
@@ -115,14 +94,13 @@ def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path)
     settings = TOY + prores(T) + ["train.steps=300", "train.log_every=5", "train.eval_every=100",
                                   "train.checkpoint_every=100", "model.vocab_size=300", f"data.tokenizer={tok_path}",
                                   *SPIKY]
-    env = {"ANDREA_CACHE": str(tmp_path / "cache")}
-    straight = start(tmp_path / "straight", settings, env=env)
-    run = start(tmp_path / "run", settings, env=env)
+    straight = start(tmp_path / "straight", settings)
+    run = start(tmp_path / "run", settings)
     wait_for_a_metric_line(tmp_path / "run", [run])
     os.kill(run.pid, signal.SIGSTOP)  # hold it mid-run, lock held
     try:
-        second = subprocess.run(command(tmp_path / "run", settings), capture_output=True, text=True, cwd=ROOT,
-                                env={**os.environ, "XLA_FLAGS": "", **env}, timeout=200)
+        second = subprocess.run(train_command(tmp_path / "run", settings), capture_output=True, text=True, cwd=ROOT,
+                                env={**os.environ, "XLA_FLAGS": ""}, timeout=200)
         assert second.returncode == 1
         assert second.stderr.strip().splitlines()[-1].startswith(f"error: workdir {tmp_path / 'run'} is in use "
                                                                  f"by another run (pid {run.pid} ")
@@ -137,7 +115,7 @@ def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path)
     assert 5 <= step < T * L and (tmp_path / "run" / "checkpoints" / str(step)).is_dir()
 
     # The stopped run's lock is free (its process is gone): the rerun takes it and finishes.
-    rerun = start(tmp_path / "run", settings, log_name="rerun", env=env)
+    rerun = start(tmp_path / "run", settings, log_name="rerun")
     assert finish(rerun) and rerun.returncode == 0, open(rerun.log).read()[-3000:]
     assert f"resumed at step {step}" in open(rerun.log).read()
     assert finish(straight) and straight.returncode == 0, open(straight.log).read()[-3000:]
@@ -150,11 +128,10 @@ def test_processes_stop_together_and_checkpoints_move_between_process_counts(tmp
     # T = 10: the resumes at steps 2 and 10 see alphas [0.2, 0.1] and [1, 0.5]; layer 2 ramps to step 20.
     settings = TOY + prores(10) + ["train.steps=20", "train.log_every=2", "train.eval_every=10",
                                    "train.checkpoint_every=10", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
-    env = {"ANDREA_CACHE": str(tmp_path / "cache")}
     port = portpicker.pick_unused_port()
     two = [start(tmp_path / "two", settings, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-                 "--process-id", str(i), log_name=f"p{i}", env=env) for i in range(2)]
-    one = start(tmp_path / "one", settings, env=env)
+                 "--process-id", str(i), log_name=f"p{i}") for i in range(2)]
+    one = start(tmp_path / "one", settings)
     wait_for_a_line(two[1], "ANDREA:")  # printed once the signals are caught, before step 1 compiles
     os.kill(two[1].pid, signal.SIGTERM)  # only process 1 is told to stop
     outs = [finish(p) for p in two]
@@ -169,9 +146,9 @@ def test_processes_stop_together_and_checkpoints_move_between_process_counts(tmp
     # 2 processes -> 1, and 1 process (from its step-10 checkpoint) -> 2.
     shutil.copytree(tmp_path / "one", tmp_path / "one_to_two", ignore=shutil.ignore_patterns("20"))
     port = portpicker.pick_unused_port()
-    resumed = [start(tmp_path / "two", settings, log_name="resumed", env=env)] + [
+    resumed = [start(tmp_path / "two", settings, log_name="resumed")] + [
         start(tmp_path / "one_to_two", settings, "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-              "--process-id", str(i), log_name=f"p{i}", env=env) for i in range(2)]
+              "--process-id", str(i), log_name=f"p{i}") for i in range(2)]
     outs = [finish(p) for p in resumed]
     assert [p.returncode for p in resumed] == [0, 0, 0], [o[-2000:] for o in outs]
     assert f"resumed at step {step}" in outs[0] and "resumed at step 10" in outs[1]
@@ -180,8 +157,9 @@ def test_processes_stop_together_and_checkpoints_move_between_process_counts(tmp
 
 
 def test_fresh_caches_give_the_same_run_and_old_checkpoints_go(tmp_path):
-    settings = TOY + prores(2) + ["train.steps=4", "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=1",
-                                  "train.keep_checkpoints=2", "model.vocab_size=300"]  # the tokenizer is trained in each cache
+    settings = TOY + prores(2) + ["train.steps=4", "train.log_every=1", "train.eval_every=2",
+                                  "train.checkpoint_every=1", "train.keep_checkpoints=2",
+                                  "model.vocab_size=300"]  # the tokenizer is trained in each cache
     runs = [start(tmp_path / name, settings, env={"ANDREA_CACHE": str(tmp_path / f"cache_{name}")})
             for name in ("a", "b")]
     for p in runs:
@@ -238,13 +216,13 @@ def test_parameters_that_are_not_finite_are_never_checkpointed(tmp_path, tok_pat
 
 def slow_save_command(workdir, settings):
     """train.py's command line, with a checkpoint save that takes 10 minutes."""
-    return [sys.executable, str(PROGRAMS / "slow_save_train.py")] + command(workdir, settings)[2:]
+    return [sys.executable, str(PROGRAMS / "slow_save_train.py")] + train_command(workdir, settings)[2:]
 
 
 def test_sigint_checkpoints_and_exits_130(tmp_path, tok_path):
     settings = TOY + prores(150) + ["train.steps=300", "train.log_every=5", "train.eval_every=100",
                                     "train.checkpoint_every=100", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
-    run = start(tmp_path / "run", settings, env={"ANDREA_CACHE": str(tmp_path / "cache")})
+    run = start(tmp_path / "run", settings)
     wait_for_a_metric_line(tmp_path / "run", [run])
     os.kill(run.pid, signal.SIGINT)
     out = finish(run)
@@ -252,9 +230,11 @@ def test_sigint_checkpoints_and_exits_130(tmp_path, tok_path):
     assert "SIGINT: stopping after this step, with a checkpoint (send it again to stop at once)" in out
     stopped = out.strip().splitlines()[-1]
     step = int(stopped.split("after step ")[1].split(":")[0])
-    assert stopped == (f"stopped by SIGINT after step {step}: checkpoint {tmp_path / 'run' / 'checkpoints' / str(step)} "
-                       f"saved; run the same command to continue")
-    assert 5 <= step < 100 and Workdir(tmp_path / "run").checkpoint_steps() == [step]  # not a checkpoint step: the signal's
+    checkpoint = tmp_path / "run" / "checkpoints" / str(step)
+    assert stopped == (f"stopped by SIGINT after step {step}: checkpoint {checkpoint} saved; "
+                       f"run the same command to continue")
+    # not a checkpoint step: the one checkpoint is the signal's
+    assert 5 <= step < 100 and Workdir(tmp_path / "run").checkpoint_steps() == [step]
     assert len(np.load(tmp_path / "run" / "step_losses.npy")) == step
 
 
@@ -268,13 +248,12 @@ def second_signal_run(tmp_path, tok_path, signum, prefix=()):
     workdir.mkdir()
     log = (tmp_path / "run.log").open("w")
     proc = subprocess.Popen([*prefix, *slow_save_command(workdir, settings)], stdout=log, stderr=subprocess.STDOUT,
-                            text=True, cwd=ROOT,
-                            env={**os.environ, "XLA_FLAGS": "", "ANDREA_CACHE": str(tmp_path / "cache")})
+                            text=True, cwd=ROOT, env={**os.environ, "XLA_FLAGS": ""})
     proc.log = log.name
     try:
         wait_for_a_metric_line(workdir, [proc])
         os.kill(proc.pid, signum)  # the first: finish the step, then save (for 10 minutes)
-        wait_for_text(proc, "slow save started")
+        wait_for_text(proc, "slow save started", timeout=200)
         sent = time.monotonic()
         os.kill(proc.pid, signum)  # the second: stop now
         out = finish(proc, timeout=120)  # long before the save would end
@@ -345,17 +324,16 @@ def test_a_kill_while_a_checkpoint_commits_leaves_the_previous_one_and_the_rerun
     # folder, in its background thread) waits: SIGKILL then, mid-save, while training goes on.
     settings = TOY + prores(5) + ["train.steps=9", "train.log_every=1", "train.eval_every=3",
                                   "train.checkpoint_every=3", "model.vocab_size=300", f"data.tokenizer={tok_path}"]
-    env = {"ANDREA_CACHE": str(tmp_path / "cache")}
-    straight = start(tmp_path / "straight", settings, env=env)
+    straight = start(tmp_path / "straight", settings)
     workdir = tmp_path / "run"
     workdir.mkdir()
     log = (tmp_path / "run.log").open("w")
-    program = [sys.executable, str(PROGRAMS / "slow_commit_train.py")] + command(workdir, settings)[2:]
+    program = [sys.executable, str(PROGRAMS / "slow_commit_train.py")] + train_command(workdir, settings)[2:]
     run = subprocess.Popen(program, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                           env={**os.environ, "XLA_FLAGS": "", "ANDREA_SLOW_COMMIT_FROM": "6", **env})
+                           env={**os.environ, "XLA_FLAGS": "", "ANDREA_SLOW_COMMIT_FROM": "6"})
     run.log = log.name
     try:
-        wait_for_text(run, "slow commit of checkpoint 6 started")
+        wait_for_text(run, "slow commit of checkpoint 6 started", timeout=200)
         os.kill(run.pid, signal.SIGKILL)
         finish(run, timeout=60)
     finally:
@@ -366,7 +344,7 @@ def test_a_kill_while_a_checkpoint_commits_leaves_the_previous_one_and_the_rerun
     left = sorted(p.name for p in (workdir / "checkpoints").iterdir())
     assert Workdir(workdir).checkpoint_steps() == [3] and any(".orbax-checkpoint-tmp" in n for n in left), left
 
-    rerun = start(workdir, settings, log_name="rerun", env=env)
+    rerun = start(workdir, settings, log_name="rerun")
     out = finish(rerun)
     assert rerun.returncode == 0, out[-3000:]
     assert "resumed at step 3" in out

@@ -209,8 +209,9 @@ def test_params_carry_logical_names_but_stay_plain_arrays():
     assert tuple(specs["blocks"]["mlp_fc_kernel"]) == ("layers", "embed", "mlp")
     assert tuple(specs["blocks"]["attn_out_kernel"]) == ("layers", "heads", "embed")
     assert tuple(specs["tok_embedding"]) == ("vocab", "embed")
-    assert all(len(s) == len(p.shape) for s, p in zip(jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)),
-                                                      jax.tree.leaves(model_lib.param_shapes(SMALL.model))))
+    spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    assert all(len(s) == len(p.shape)
+               for s, p in zip(spec_leaves, jax.tree.leaves(model_lib.param_shapes(SMALL.model))))
     params = model_lib.init(SMALL.model, jax.random.key(0))["params"]
     assert all(isinstance(p, jax.Array) for p in jax.tree.leaves(params))
 

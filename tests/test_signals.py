@@ -17,8 +17,7 @@ import time
 
 import pytest
 
-from _helpers import DEFAULT_SIGINT, IGNORING_SIGINT
-from test_multihost import ROOT
+from _helpers import DEFAULT_SIGINT, IGNORING_SIGINT, ROOT, wait_for_text
 
 NAMES = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
@@ -105,13 +104,6 @@ def start_command(tmp_path, argv):
 
 def output(proc) -> str:
     return open(proc.log).read()
-
-
-def wait_for_text(proc, text, timeout=120):
-    deadline = time.monotonic() + timeout
-    while text not in output(proc):
-        assert time.monotonic() < deadline and proc.poll() is None, output(proc)[-2000:]
-        time.sleep(0.01)
 
 
 def seconds_to_exit(proc, send, timeout=30) -> float:

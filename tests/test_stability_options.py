@@ -17,7 +17,8 @@ from andrea_jax.serve import export
 from andrea_jax.serve.load import LoadedModel
 from andrea_jax.train import optim, steps
 from andrea_jax.workdir import changed_settings
-from test_llama import cached_logits, jitted
+from _helpers import cached_logits
+from test_llama import jitted
 
 W, L = 5, 3  # the spike window, blocks
 

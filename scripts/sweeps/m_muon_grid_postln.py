@@ -7,5 +7,6 @@ m_muon_grid_tiny.py says (and what stage 2 is):
 from _questions import POST_LN_COMMON, POST_LN_CONFIG, muon_against_adamw
 
 SWEEP = muon_against_adamw("m_muon_grid_postln", POST_LN_CONFIG, POST_LN_COMMON,
-                           adamw_lrs=("2.5e-4", "5e-4", "1e-3", "2e-3"), muon_lrs=("0.002", "0.005", "0.01", "0.02", "0.05"),
+                           adamw_lrs=("2.5e-4", "5e-4", "1e-3", "2e-3"),
+                           muon_lrs=("0.002", "0.005", "0.01", "0.02", "0.05"),
                            baseline_lr="1e-3", arm=("prores.schedule=none",))

@@ -199,8 +199,9 @@ def hlo():
         # ... and computes the same step (under tensor, bias+GELU on its share of the hidden width).
         assert_same([stepped["pallas"][0]], stepped["pallas"][1], [stepped["xla"][0]], stepped["xla"][1],
                     f"pallas vs xla on {shape}")
-        print(f"OK {shape}: pallas and xla have the same {sum(found['xla'].values())} collectives "
-              f"({dict(collections.Counter(op for op, _ in found['xla'].elements()))}), no activation moved", flush=True)
+        by_op = dict(collections.Counter(op for op, _ in found["xla"].elements()))
+        print(f"OK {shape}: pallas and xla have the same {sum(found['xla'].values())} collectives ({by_op}), "
+              f"no activation moved", flush=True)
     print("ALL OK hlo", flush=True)
 
 
