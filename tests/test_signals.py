@@ -74,7 +74,9 @@ FORKS = """
     import os, sys, time
     from andrea_jax import signals
 
-    signals.FirstSignal(lambda signum, frame: print("first", os.getpid(), flush=True)).install()
+    # one write per line: parent and child answer the same Ctrl-C into one log, and print's pieces
+    # from the two could interleave ("firstfirst  1146511463")
+    signals.FirstSignal(lambda signum, frame: os.write(1, f"first {os.getpid()}\\n".encode())).install()
     if os.fork() == 0:
         time.sleep(600)
         os._exit(0)
