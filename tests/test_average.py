@@ -18,6 +18,7 @@ def test_the_average_of_two_checkpoints_is_their_mean_and_loads_as_the_newest_st
     n_differ = 0
     for a, b, mean in leaves:
         want = (a.astype(np.float64) + b.astype(np.float64)) / 2
+        # (a + b) / 2 in float32 is one rounding of the sum: within eps of the largest |value|, by construction
         np.testing.assert_allclose(mean, want, rtol=0, atol=2 * np.finfo(np.float32).eps * np.abs(want).max())
         n_differ += int(np.any(a != b))
     assert n_differ > 0  # the two checkpoints differ: the mean is not either of them
