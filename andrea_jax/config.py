@@ -16,18 +16,13 @@ from dataclasses import dataclass, field
 from andrea_jax.config_text import override  # noqa: F401  (callers apply --set here)
 from andrea_jax.config_text import parse_mixture, parse_rules
 from andrea_jax.errors import ConfigError  # noqa: F401  (callers catch it here)
-from andrea_jax.names import KERNEL_IMPLS, MESH_AXES
+from andrea_jax.names import FAMILIES, KERNEL_IMPLS, MESH_AXES, SCHEDULES
 
 
 NORMS = ("pre", "post", "sandwich", "deepnorm", "lns")   # block placements, ProRes paper Table 1
 INITS = ("normal", "scaled", "ds", "deepnorm")           # matrix inits (ProRes paper and its official code)
 GATES = ("none", "learned")                              # residual gates besides the ProRes alpha
 REMATS = ("none", "full", "dots", "gelu")                # model.remat policies (andrea_jax.model)
-FAMILIES = ("gpt2", "llama")                             # model.family: the block's layers (andrea_jax.model)
-# ProRes schedules (andrea_jax.model.prores has their formulas; paper Table 5)
-SCHEDULES = ("none", "linear", "linear_sqrt", "linear_square", "equal", "reverse",
-             "stagewise_0", "stagewise_L", "stagewise_sqrt_L", "stagewise_sqrt_l",
-             "fix_L", "fix_sqrt_L", "fix_sqrt_l")
 UPDATE_SCALES = ("none", "alpha", "sqrt_alpha", "alpha_sq")  # prores.scale_updates: each block's update times this
 # model.depth_param: the branch multiplier's exponent a in (L / L0)^-a (andrea_jax.model.depth)
 DEPTH_PARAMS = {"sp": 0.0, "depth_mup": 0.5, "completep": 1.0}

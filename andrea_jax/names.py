@@ -1,7 +1,8 @@
 """The names that the config, the model, the kernels, train and serve share, each defined once below
 all of them: the device mesh's axes, the logical axis names of the model's arrays and the rules that
-map them onto the mesh, and the kernel implementations. Plain data that imports nothing, so the
-config validates its settings against these names without importing jax.
+map them onto the mesh, the kernel implementations, the model families and the ProRes schedules.
+Plain data that imports nothing, so the config validates its settings against these names without
+importing jax.
 """
 MESH_AXES = ("data", "fsdp", "tensor")  # the device mesh's axes (andrea_jax.mesh makes the mesh)
 
@@ -36,3 +37,12 @@ WHOLE_IF_NOT_DIVISIBLE = ("vocab",)
 
 # kernels.impl: the backends of andrea_jax.kernels (kernels/src/__init__.py says what each is)
 KERNEL_IMPLS = ("auto", "xla", "pallas", "triton")
+
+# model.family: each is the module andrea_jax/model/<name>.py, which andrea_jax.model.transformer.FAMILIES
+# loads by this name (a new family is its module and its name here)
+FAMILIES = ("gpt2", "llama")
+
+# prores.schedule: the ProRes paper's Table 5; andrea_jax.model.prores.SCHEDULES holds their formulas
+SCHEDULES = ("none", "linear", "linear_sqrt", "linear_square", "equal", "reverse",
+             "stagewise_0", "stagewise_L", "stagewise_sqrt_L", "stagewise_sqrt_l",
+             "fix_L", "fix_sqrt_L", "fix_sqrt_l")

@@ -14,6 +14,7 @@ from andrea_jax import config as config_lib, configs, model as model_lib
 from andrea_jax.config import Config, ModelConfig
 from andrea_jax.errors import LoadError
 from andrea_jax.model import hf
+from andrea_jax.model.transformer import FAMILIES
 from andrea_jax.serve import load
 from andrea_jax.train import loop as trainer
 
@@ -105,6 +106,15 @@ def test_a_folder_that_does_not_fit_is_one_line_naming_it(folder, tmp_path):
     with pytest.raises(LoadError, match="does not exist"):
         hf.read_params(Config(model=OURS[family]), tmp_path / "nowhere")
 
+
+
+def test_a_family_without_a_hugging_face_architecture_is_refused_both_ways(folder, monkeypatch):
+    family, path, _ = folder
+    monkeypatch.setattr(FAMILIES[family], "HF_ARCHITECTURE", None)
+    assert hf.refusal(OURS[family]) == (f"model.family={family} has no Hugging Face architecture; "
+                                        "use --format native")
+    with pytest.raises(LoadError, match=f"model.family={family} has no Hugging Face architecture to read"):
+        hf.read_params(Config(model=OURS[family]), path)
 
 def test_an_export_of_a_trained_run_continues_from_its_logits_and_its_loss(trained_run, tmp_path, tok_path):
     """The project's own round trip: a trained toy run (mid-warmup: its alphas are folded into the

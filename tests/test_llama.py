@@ -275,7 +275,7 @@ def test_hf_llama_logits_equal_ours_in_transformers(llama_run, tok_path, tmp_pat
 
     loaded = llama_run if which == "trained" else random_loaded(tok_path, *HF_CASES[which])
     folder = export.save_hf(loaded, tmp_path / "hf")
-    alphas = export.effective_alphas(loaded, hf.flatten_params(loaded.params))
+    alphas = hf.folded_alphas(loaded.cfg, loaded.step, hf.flatten_params(loaded.params))
     np.testing.assert_allclose(np.asarray(loaded.alphas()), [1.0, 0.75, 0.5])
     assert not np.allclose(alphas, 1.0)
     meta = json.loads((folder / "config.json").read_text())

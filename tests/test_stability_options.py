@@ -12,9 +12,7 @@ import pytest
 
 from andrea_jax import model as model_lib
 from andrea_jax.config import Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig
-from andrea_jax.model import prores
-from andrea_jax.serve import export
-from andrea_jax.serve.load import LoadedModel
+from andrea_jax.model import hf, prores
 from andrea_jax.train import optim, steps
 from andrea_jax.workdir import changed_settings
 from _helpers import cached_logits
@@ -180,10 +178,9 @@ def test_qk_norm_normalises_each_head_s_queries_and_keys(family):
                                rtol=0, atol=2e-5)  # as tests/test_llama.py
 
     # Export refuses it: neither transformers' GPT-2 nor its Llama has a norm on queries and keys.
-    loaded = LoadedModel(Config(model=cfg), params, None, 0, "random")
-    reason = export.hf_refusal(loaded)
+    reason = hf.refusal(cfg)
     assert reason.startswith("model.qk_norm=true cannot be exported as Hugging Face") and "--format native" in reason
-    assert export.hf_refusal(LoadedModel(Config(model=base), plain, None, 0, "random")) is None
+    assert hf.refusal(base) is None
 
 
 def test_switching_spike_skipping_on_or_off_is_refused_on_resume_but_its_sigmas_may_change():

@@ -1,5 +1,6 @@
 """model.family=gpt2: the GPT-2 block's layers and the model's ends, composed by transformer.py in
-every placement (llama.py is the other family, with the same two functions).
+every placement, and the facts of the family that the generic code asks for (transformer.FAMILIES
+lists them; llama.py is the other family, with the same names).
 
     x = tok_embedding[ids] + pos_embedding[positions]
     for l in 1..L:  x = block_l(x)        # e.g. pre: x + a_l Attn(LN(x)), then x + a_l MLP(LN(x))
@@ -18,6 +19,18 @@ from andrea_jax import kernels
 from andrea_jax.config import ModelConfig
 from andrea_jax.model import layers
 from andrea_jax.model.layers import STREAM_BTD, constrain, padded_vocab
+
+
+# Names of the dimensions of this block's matrices and vectors (transformer.Block puts its norms'
+# gains and biases on the stream's width)
+BLOCK_PARAM_AXES = {**layers.ATTENTION_PARAM_AXES, **layers.MLP_PARAM_AXES}
+MLP_MATRICES = 2  # fc and proj, each D x F (train/mfu's FLOPs)
+
+
+def decays(names: tuple[str, ...]) -> bool:
+    """Whether weight decay applies to the parameter at this flax path (train/optim.decay_mask):
+    to matrices only, kernels and embeddings, never to biases, norm gains or the residual gates."""
+    return names[-1].endswith(("kernel", "embedding"))
 
 
 def block_sublayers(matrix, vector, cfg: ModelConfig, norm_names, impl: str, cache, rope, segment_ids_BT=None):
@@ -85,3 +98,40 @@ def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str, positions_BT=Non
         return y_BTD, padded_PD.T.astype(jnp.dtype(cfg.dtype))
 
     return x_BTD, None, head
+
+
+# Hugging Face's GPT2LMHeadModel, read and written by model/hf.py through these tables.
+HF_ARCHITECTURE, NORM = "GPT-2", "LN"  # for messages: the architecture and the norm its blocks apply
+HF_NAMES = {"tok_embedding": "transformer.wte.weight", "pos_embedding": "transformer.wpe.weight",
+            "lnf_scale": "transformer.ln_f.weight", "lnf_bias": "transformer.ln_f.bias"}
+HF_BLOCK = "transformer.h."  # block i's names follow HF_BLOCK + f"{i}."
+HF_BLOCK_NAMES = {
+    "ln1_scale": "ln_1.weight", "ln1_bias": "ln_1.bias", "attn_qkv_kernel": "attn.c_attn.weight",
+    "attn_qkv_bias": "attn.c_attn.bias", "attn_out_kernel": "attn.c_proj.weight", "attn_out_bias": "attn.c_proj.bias",
+    "ln2_scale": "ln_2.weight", "ln2_bias": "ln_2.bias", "mlp_fc_kernel": "mlp.c_fc.weight",
+    "mlp_fc_bias": "mlp.c_fc.bias", "mlp_proj_kernel": "mlp.c_proj.weight", "mlp_proj_bias": "mlp.c_proj.bias"}
+HF_TRANSPOSED = False  # Conv1D weights are [in, out], our kernels' layout
+HF_TIED = {"lm_head.weight": "tok_embedding"}  # the head, if a folder holds it, is the token embedding
+HF_BUFFERS = ("attn.bias", "attn.masked_bias")  # in the blocks of old checkpoints: not weights
+HF_FOLD_NOTE = "ProRes alphas (and learned gates) are folded into c_proj; lns's 1/sqrt(l) into ln_1, ln_2"
+
+
+def hf_config(m: ModelConfig) -> dict:
+    """transformers' GPT2Config of the model of `m` (the architecture; hf.config_json adds the rest)."""
+    return {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": m.vocab_size, "n_positions": m.seq_len, "n_embd": m.d_model, "n_layer": m.n_layer,
+        "n_head": m.n_head, "n_inner": m.mlp_ratio * m.d_model,
+        "activation_function": "gelu_new",  # tanh GELU, as kernels.bias_gelu
+        "layer_norm_epsilon": m.ln_eps, "initializer_range": m.init_std,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+    }
+
+
+def hf_checked(m: ModelConfig) -> dict[str, str]:
+    """The entries of hf_config that a folder read by train.init_from must match where it has
+    them, each with what our model computes there."""
+    return {"activation_function": "tanh GELU (gelu_new)", "layer_norm_epsilon": f"model.ln_eps={m.ln_eps}",
+            "scale_attn_by_inverse_layer_idx": "attention scaled by 1/sqrt(K) only"}

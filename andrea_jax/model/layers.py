@@ -21,16 +21,15 @@ from andrea_jax import kernels
 from andrea_jax.config import ModelConfig
 
 
-# Names of each block parameter's dimensions (the scan puts `layers` first); the D-sized vectors
-# (LayerNorm gains and biases, biases added to the residual stream) live on the stream's width.
-BLOCK_PARAM_AXES = {"attn_qkv_kernel": ("embed", "qkv"), "attn_qkv_bias": ("qkv",),
-                    "attn_out_kernel": ("heads", "embed"), "attn_out_bias": ("act_embed",),
-                    "mlp_fc_kernel": ("embed", "mlp"), "mlp_fc_bias": ("mlp",),
-                    "mlp_proj_kernel": ("mlp", "embed"), "mlp_proj_bias": ("act_embed",),
-                    # llama's SwiGLU (model/llama.py): gate and up split their F columns like mlp_fc
-                    "mlp_gate_kernel": ("embed", "mlp"), "mlp_up_kernel": ("embed", "mlp"),
-                    # model.qk_norm: gains over a head's K dimensions, shared by the heads
-                    "attn_q_norm_scale": (None,), "attn_k_norm_scale": (None,)}
+# Names of the dimensions of the parameters that `attention` and `mlp` below take, for the
+# families whose blocks use them (each family's BLOCK_PARAM_AXES; the layer scan puts `layers`
+# first). Biases added to the residual stream live on its width.
+ATTENTION_PARAM_AXES = {"attn_qkv_kernel": ("embed", "qkv"), "attn_qkv_bias": ("qkv",),
+                        "attn_out_kernel": ("heads", "embed"), "attn_out_bias": ("act_embed",),
+                        # model.qk_norm: gains over a head's K dimensions, shared by the heads
+                        "attn_q_norm_scale": (None,), "attn_k_norm_scale": (None,)}
+MLP_PARAM_AXES = {"mlp_fc_kernel": ("embed", "mlp"), "mlp_fc_bias": ("mlp",),
+                  "mlp_proj_kernel": ("mlp", "embed"), "mlp_proj_bias": ("act_embed",)}
 STREAM_BTD = ("batch", "seq", "act_embed")  # the residual stream, the scan's carry
 
 

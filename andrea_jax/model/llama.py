@@ -1,6 +1,6 @@
 """model.family=llama: the official ProRes code's Llama block, in the same placements, inits,
-schedules, gates, remat and KV cache as the GPT-2 family (gpt2.py, with the same two functions;
-transformer.py composes both).
+schedules, gates, remat and KV cache as the GPT-2 family (gpt2.py, with the same functions and
+tables; transformer.FAMILIES lists them).
 
     x = tok_embedding[ids]                       # no position table: RoPE rotates q and k
     for l in 1..L:  x = block_l(x)               # e.g. pre: x + a_l Attn(RMS(x)), x + a_l MLP(RMS(x))
@@ -34,6 +34,20 @@ from andrea_jax.model import layers
 from andrea_jax.model.layers import STREAM_BTD, constrain, padded_vocab, rms_norm, token_matmul
 
 ROPE_THETA = 10000.0  # HF LlamaConfig's default rope_theta, as the official code leaves it
+
+
+# Names of the dimensions of this block's matrices (transformer.Block puts the norms' gains on the
+# stream's width); SwiGLU's gate and up split their F columns as the GELU MLP's fc does
+BLOCK_PARAM_AXES = {**layers.ATTENTION_PARAM_AXES, "mlp_gate_kernel": ("embed", "mlp"),
+                    "mlp_up_kernel": ("embed", "mlp"), "mlp_proj_kernel": ("mlp", "embed")}
+MLP_MATRICES = 3  # gate, up and down (train/mfu's FLOPs)
+
+
+def decays(names: tuple[str, ...]) -> bool:
+    """Whether weight decay applies to the parameter at this flax path (train/optim.decay_mask), as
+    the official ProRes code's AdamW groups have it: to the linears and the head (every kernel) and
+    the final norm's gain, not to the token embedding, the blocks' norm gains or the gates."""
+    return names[-1].endswith("kernel") or names == ("lnf_scale",)
 
 
 def residual_rms_norm(x, delta, alpha, gain, *, eps: float):
@@ -137,3 +151,46 @@ def spine(param, cfg: ModelConfig, tokens_BT, cache, impl: str, positions_BT=Non
         return y_BTD.astype(dtype), padded_DP.astype(dtype)
 
     return x_BTD, rope, head
+
+
+# Hugging Face's LlamaForCausalLM, read and written by model/hf.py through these tables.
+HF_ARCHITECTURE, NORM = "Llama", "RMSNorm"  # for messages: the architecture and the norm its blocks apply
+HF_NAMES = {"tok_embedding": "model.embed_tokens.weight", "lnf_scale": "model.norm.weight",
+            "lm_head_kernel": "lm_head.weight"}
+HF_BLOCK = "model.layers."  # block i's names follow HF_BLOCK + f"{i}."
+# Our fused attn_qkv_kernel is [q | k | v], the columns of the three projections.
+HF_BLOCK_NAMES = {
+    "ln1_scale": "input_layernorm.weight",
+    "attn_qkv_kernel": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "attn_out_kernel": "self_attn.o_proj.weight",
+    "ln2_scale": "post_attention_layernorm.weight", "mlp_gate_kernel": "mlp.gate_proj.weight",
+    "mlp_up_kernel": "mlp.up_proj.weight", "mlp_proj_kernel": "mlp.down_proj.weight"}
+HF_TRANSPOSED = True  # every Linear is torch's [out, in], the transpose of our kernel; the norms' gains are not
+HF_TIED = {}  # the head is untied
+HF_BUFFERS = ("self_attn.rotary_emb.inv_freq",)  # in the blocks of old checkpoints: not weights
+HF_FOLD_NOTE = ("ProRes alphas (and learned gates) are folded into o_proj and down_proj; lns's 1/sqrt(l) into "
+                "the two RMSNorm gains")
+
+
+def hf_config(m: ModelConfig) -> dict:
+    """transformers' LlamaConfig of the model of `m` (the architecture; hf.config_json adds the rest)."""
+    return {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "vocab_size": m.vocab_size, "hidden_size": m.d_model, "intermediate_size": m.mlp_ratio * m.d_model,
+        "num_hidden_layers": m.n_layer, "num_attention_heads": m.n_head, "num_key_value_heads": m.n_head,
+        "head_dim": m.d_model // m.n_head, "hidden_act": "silu", "max_position_embeddings": m.seq_len,
+        "rms_norm_eps": m.ln_eps, "initializer_range": m.init_std,
+        # v5 reads rope_parameters, v4 rope_theta
+        "rope_theta": ROPE_THETA, "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "pretraining_tp": 1,
+        "tie_word_embeddings": False,
+    }
+
+
+def hf_checked(m: ModelConfig) -> dict[str, str]:
+    """The entries of hf_config that a folder read by train.init_from must match where it has
+    them, each with what our model computes there."""
+    return {"num_key_value_heads": f"model.n_head={m.n_head} key-value heads",
+            "rms_norm_eps": f"model.ln_eps={m.ln_eps}", "rope_theta": f"RoPE theta {ROPE_THETA:g}",
+            "hidden_act": "SwiGLU (silu)", "attention_bias": "none", "mlp_bias": "none",
+            "tie_word_embeddings": "none"}

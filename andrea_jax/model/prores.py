@@ -9,12 +9,46 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from andrea_jax.config import SCHEDULES, UPDATE_SCALES, Config  # the names; their formulas are below
+from andrea_jax import names
+from andrea_jax.config import UPDATE_SCALES, Config
 from andrea_jax.model import depth
 
 
 def _ramp(t, span):
     return jnp.clip(t / span, 0.0, 1.0)
+
+
+def _warming(formula):
+    """A schedule that warms up over T steps: with T = 0 it is fully on from the start."""
+    return lambda l, t, L, T: jnp.ones_like(l) if T == 0.0 else formula(l, t, L, T)
+
+
+def _stagewise(floor):
+    """Layer l ramps during [T(l-1), T l], from floor(l, L) to 1."""
+    def formula(l, t, L, T):
+        m = floor(l, L)
+        return jnp.clip(m + (1.0 - m) * (t - T * (l - 1)) / T, m, 1.0)
+    return _warming(formula)
+
+
+# schedule -> alpha(l, t, L, T): l the float32 [L] of 1..L, t the step (float32), L the number of
+# blocks and T the warmup, both Python numbers. The config takes these names from names.SCHEDULES.
+SCHEDULES = {
+    "none": lambda l, t, L, T: jnp.ones_like(l),
+    "linear": _warming(lambda l, t, L, T: _ramp(t, T * l)),
+    "linear_sqrt": _warming(lambda l, t, L, T: jnp.sqrt(_ramp(t, T * l))),
+    "linear_square": _warming(lambda l, t, L, T: jnp.square(_ramp(t, T * l))),
+    "equal": _warming(lambda l, t, L, T: jnp.broadcast_to(_ramp(t, T * L), l.shape)),
+    "reverse": _warming(lambda l, t, L, T: _ramp(t, T * (L - l + 1))),
+    "stagewise_0": _stagewise(lambda l, L: jnp.zeros_like(l)),
+    "stagewise_L": _stagewise(lambda l, L: jnp.ones_like(l) / L),
+    "stagewise_sqrt_L": _stagewise(lambda l, L: jnp.ones_like(l) / jnp.sqrt(float(L))),
+    "stagewise_sqrt_l": _stagewise(lambda l, L: 1.0 / jnp.sqrt(l)),
+    "fix_L": lambda l, t, L, T: jnp.ones_like(l) / L,
+    "fix_sqrt_L": lambda l, t, L, T: jnp.ones_like(l) / jnp.sqrt(float(L)),
+    "fix_sqrt_l": lambda l, t, L, T: 1.0 / jnp.sqrt(l),
+}
+assert tuple(SCHEDULES) == names.SCHEDULES
 
 
 def alphas(step, num_layers: int, *, schedule: str = "linear", warmup: int = 1000) -> jnp.ndarray:
@@ -23,33 +57,8 @@ def alphas(step, num_layers: int, *, schedule: str = "linear", warmup: int = 100
         raise ValueError(f"unknown ProRes schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
     if warmup < 0:
         raise ValueError(f"ProRes warmup must be >= 0, got {warmup}")
-    L = num_layers
-    l = jnp.arange(1, L + 1, dtype=jnp.float32)
-    t = jnp.asarray(step, jnp.float32)
-    T = float(warmup)
-    ones = jnp.ones((L,), jnp.float32)
-
-    if schedule == "none":
-        return ones
-    if schedule == "fix_L":
-        return ones / L
-    if schedule == "fix_sqrt_L":
-        return ones / jnp.sqrt(float(L))
-    if schedule == "fix_sqrt_l":
-        return 1.0 / jnp.sqrt(l)
-    if T == 0.0:  # a warmup of zero steps: every warming schedule is fully on from the start
-        return ones
-    if schedule in ("linear", "linear_sqrt", "linear_square"):
-        r = _ramp(t, T * l)
-        return {"linear": r, "linear_sqrt": jnp.sqrt(r), "linear_square": r * r}[schedule]
-    if schedule == "equal":
-        return jnp.broadcast_to(_ramp(t, T * L), (L,))
-    if schedule == "reverse":
-        return _ramp(t, T * (L - l + 1))
-    # Stagewise: layer l ramps during [T(l-1), T l], from a floor m to 1.
-    floor = {"stagewise_0": jnp.zeros_like(l), "stagewise_L": ones / L,
-             "stagewise_sqrt_L": ones / jnp.sqrt(float(L)), "stagewise_sqrt_l": 1.0 / jnp.sqrt(l)}[schedule]
-    return jnp.clip(floor + (1.0 - floor) * (t - T * (l - 1)) / T, floor, 1.0)
+    l = jnp.arange(1, num_layers + 1, dtype=jnp.float32)
+    return SCHEDULES[schedule](l, jnp.asarray(step, jnp.float32), num_layers, float(warmup))
 
 
 def schedule_alphas(cfg: Config, step) -> jnp.ndarray:

@@ -6,6 +6,7 @@ KV cache and the float32 residual stream are described in docs/ARCHITECTURE.md, 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import typing
 from typing import Callable
@@ -14,10 +15,9 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from andrea_jax import config
+from andrea_jax import names
 from andrea_jax.config import NORMS, ModelConfig
-from andrea_jax.model import gpt2, llama
-from andrea_jax.model.layers import BLOCK_PARAM_AXES, STREAM_BTD, KVCache, constrain, logits_matmul, padded_vocab
+from andrea_jax.model.layers import STREAM_BTD, KVCache, constrain, logits_matmul, padded_vocab
 
 OUTPUT_PROJECTIONS = ("attn_out_kernel", "mlp_proj_kernel")
 
@@ -105,15 +105,19 @@ PLACEMENTS = {"pre": pre_block, "post": post_block, "sandwich": sandwich_block,
 # Norms each placement owns; sandwich adds a norm on the output of each sublayer.
 NORM_NAMES = {name: ("ln1", "ln2") for name in PLACEMENTS} | {"sandwich": ("ln1", "ln2", "ln1_out", "ln2_out")}
 assert tuple(PLACEMENTS) == NORMS
-# model.family -> its module, whose two functions have one signature each:
+# model.family -> its module, andrea_jax/model/<family>.py, for each name in names.FAMILIES. What
+# the generic code asks of a family is there, each with one signature:
 #   block_sublayers(matrix, vector, cfg, norm_names, impl, cache, rope, segment_ids_BT)
 #       -> (attend, mlp, norm, residual_norm)
 #   spine(param, cfg, tokens_BT, cache, impl, positions_BT) -> (x_BTD, rope, head)
-# the first creates a block's parameters through Block's factories; the second the embedding,
+#   BLOCK_PARAM_AXES: name -> logical axes of the block parameters it creates (Block's factories)
+#   decays(path_names) -> bool: weight decay's rule (train/optim.decay_mask)
+#   MLP_MATRICES: the number of D x F matrices of its MLP (train/mfu)
+#   HF_* tables, hf_config(model_cfg), hf_checked(model_cfg): its Hugging Face architecture (model/hf.py)
+# block_sublayers creates a block's parameters through Block's factories; spine the embedding,
 # positions, final norm and head (rope: what every block's attention shares, None for gpt2;
 # head(x_BTD) -> (y_BTD, w_DP), the logits' operands in the compute dtype).
-FAMILIES = {"gpt2": gpt2, "llama": llama}
-assert tuple(FAMILIES) == config.FAMILIES
+FAMILIES = {name: importlib.import_module(f"andrea_jax.model.{name}") for name in names.FAMILIES}
 
 
 def deepnorm_beta(n_layer: int) -> float:
@@ -174,18 +178,19 @@ class Block(nn.Module):
         kv_written = []
         cfg, impl = self.cfg, self.impl
 
+        family = FAMILIES[cfg.family]
+
         def matrix(name, shape):
             zero = cfg.zero_init_out and name in OUTPUT_PROJECTIONS  # the block starts as the identity
             init = nn.initializers.zeros if zero else _normal(_kernel_std(cfg, name, shape, layer))
-            init = nn.with_logical_partitioning(init, BLOCK_PARAM_AXES[name])
+            init = nn.with_logical_partitioning(init, family.BLOCK_PARAM_AXES[name])
             return self.param(name, init, shape, jnp.float32)
 
         def vector(name, init, size):
-            names = BLOCK_PARAM_AXES.get(name, ("act_embed",))  # norm gains and biases: the stream's width
-            return self.param(name, nn.with_logical_partitioning(init, names), (size,), jnp.float32)
+            axes = family.BLOCK_PARAM_AXES.get(name, ("act_embed",))  # norm gains and biases: the stream's width
+            return self.param(name, nn.with_logical_partitioning(init, axes), (size,), jnp.float32)
 
         cache = None if decode is None else (*scanned[2:], *decode)
-        family = FAMILIES[cfg.family]
         attend, mlp, norm, residual_norm = family.block_sublayers(matrix, vector, cfg, NORM_NAMES[cfg.norm], impl,
                                                                   cache, rope, segment_ids_BT)
         if cfg.gates == "learned":  # ReZero / SkipInit: a trainable scalar from 0, times the ProRes alpha

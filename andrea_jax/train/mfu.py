@@ -10,9 +10,9 @@ Per token, forward + backward = 3 x forward, and a matmul of a [D_in, D_out] wei
 
 Counted once, causal half only: what the model needs, not what a kernel happens to compute (no
 masked-out scores, no vocabulary padding, no recomputation under model.remat, no LayerNorm,
-GELU or softmax). The peak is the dense bf16 rate of one chip (no 2:4 sparsity). model.family=llama
-has three MLP matrices (SwiGLU: gate, up, down) and an untied head, which counts as the tied one
-(the embedding lookup is no matmul).
+GELU or softmax). The peak is the dense bf16 rate of one chip (no 2:4 sparsity). The family says
+how many MLP matrices it has (MLP_MATRICES: llama's SwiGLU three, gate, up, down); llama's untied
+head counts as the tied one (the embedding lookup is no matmul).
 
 Every training run's metric lines carry `mfu` from these (train.peak_tflops, or the device kind's
 peak); benchmarks/train_step.py reports it too.
@@ -35,9 +35,11 @@ def train_flops_per_token(d_model: int, n_layer: int, mlp_dim: int, vocab_size: 
 
 def model_flops_per_token(model_cfg, seq_len: int | None = None) -> float:
     """train_flops_per_token of an andrea_jax.config.ModelConfig."""
+    from andrea_jax.model.transformer import FAMILIES  # here: importing mfu (the ladder) loads no model
+
     m = model_cfg
     return train_flops_per_token(m.d_model, m.n_layer, m.mlp_ratio * m.d_model, m.vocab_size, seq_len or m.seq_len,
-                                 mlp_matrices=3 if m.family == "llama" else 2)
+                                 mlp_matrices=FAMILIES[m.family].MLP_MATRICES)
 
 
 def peak_flops(device_kind: str) -> float | None:

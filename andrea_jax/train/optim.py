@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 
 from andrea_jax.config import OptimConfig
+from andrea_jax.model.transformer import FAMILIES
 from andrea_jax.train import muon
 
 
@@ -39,21 +40,11 @@ def _names(path) -> tuple[str, ...]:
 
 
 def decay_mask(params, family: str = "gpt2"):
-    """Which parameters weight decay applies to, by model.family.
-
-    gpt2: matrices only: kernels and embeddings, never biases, LayerNorm gains or the scalar
-    residual gates. llama (the official ProRes code's AdamW groups): the linears and the head (all
-    `*kernel`s) and the final norm's gain, not the token embedding, the blocks' norm gains or the
-    gates."""
-    if family not in ("gpt2", "llama"):
+    """Which parameters weight decay applies to: model.family's rule (its module's `decays`)."""
+    if family not in FAMILIES:
         raise ValueError(f"unknown model.family {family!r}")
-
-    def decays(path, _):
-        names = _names(path)
-        if family == "llama":
-            return names[-1].endswith("kernel") or names == ("lnf_scale",)
-        return names[-1].endswith(("kernel", "embedding"))
-    return jax.tree_util.tree_map_with_path(decays, params)
+    decays = FAMILIES[family].decays
+    return jax.tree_util.tree_map_with_path(lambda path, _: decays(_names(path)), params)
 
 
 def scale_block_updates(inner: optax.GradientTransformation,
@@ -207,9 +198,8 @@ def make(cfg: OptimConfig, total_steps: int, family: str = "gpt2",
     needs step=): prores.scale_updates's factor times model.depth_param's hidden-LR factor, as
     andrea_jax.train.steps makes them. n_layer: model.n_layer, needed with optim.skip_spikes (`update` then needs
     loss=)."""
-    mask = decay_mask if family == "gpt2" else functools.partial(decay_mask, family=family)
     adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                        weight_decay=cfg.weight_decay, mask=mask)
+                        weight_decay=cfg.weight_decay, mask=functools.partial(decay_mask, family=family))
     if cfg.name == "muon":
         adamw = muon.muon_and_adamw(lr_schedule(cfg, total_steps, cfg.muon_lr), cfg.muon_momentum,
                                     cfg.muon_weight_decay, adamw)

@@ -170,8 +170,7 @@ def member_tx(cfg: Config, s: MemberSettings) -> optax.GradientTransformation:
     """optim.make's AdamW chain for one member with its traced settings, in the same wrappers, so
     its state has a solo run's tree. Scaling is always on: a `none` member's factors are ones."""
     o = cfg.optim
-    mask = optim.decay_mask if cfg.model.family == "gpt2" else functools.partial(
-        optim.decay_mask, family=cfg.model.family)
+    mask = functools.partial(optim.decay_mask, family=cfg.model.family)
     adamw = optax.adamw(lambda count: lr_at(cfg, s.lr, s.warmup_steps, count), b1=o.b1, b2=o.b2,
                         eps=o.eps * depth.eps_scale(cfg.model), weight_decay=s.weight_decay, mask=mask)
     tx = optim.scale_block_updates(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw),
