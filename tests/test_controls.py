@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 
+from _helpers import forward_logits
 from andrea_jax import config as config_lib, model as model_lib, workdir
 from andrea_jax.config import Config, ModelConfig, OptimConfig, ProResConfig, TrainConfig
 from andrea_jax.model import depth, prores
@@ -24,6 +25,9 @@ BASE = Config(model=ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=
               optim=OptimConfig(lr=1e-2, warmup_steps=0, weight_decay=0.1),
               train=TrainConfig(steps=40, batch_size=4))
 BATCH = jax.random.randint(jax.random.key(1), (4, 17), 0, 300)
+# Jitted, as the train step is: run op by op, each of their operations would compile on its own.
+loss_fn = jax.jit(steps.loss_fn, static_argnums=1)
+loss_grad = jax.jit(jax.grad(steps.loss_fn), static_argnums=1)
 
 
 def edit(cfg, **sections):
@@ -50,7 +54,7 @@ def hand_adamw_update(cfg, params, grads, eps=None):
                      optax.adamw(cfg.optim.lr, b1=cfg.optim.b1, b2=cfg.optim.b2,
                                  eps=cfg.optim.eps if eps is None else eps,
                                  weight_decay=cfg.optim.weight_decay, mask=optim.decay_mask(params)))
-    return jax.tree.map(np.array, tx.update(grads, tx.init(params), params)[0])
+    return jax.tree.map(np.array, jax.jit(lambda g, p: tx.update(g, tx.init(p), p)[0])(grads, params))
 
 
 def assert_updates(before, after, want_updates, factors_L, rest_factor=1.0):
@@ -80,7 +84,7 @@ def test_forward_false_computes_what_schedule_none_computes_bit_for_bit():
     plain = edit(BASE, prores={"schedule": "none"})
     params = model_lib.init(BASE.model, jax.random.key(0))
     model = model_lib.Andrea(BASE.model)
-    logits = {name: np.asarray(model.apply(params, BATCH[:, :-1], prores.run_alphas(cfg, STEP)).logits)
+    logits = {name: np.asarray(forward_logits(model, params["params"], BATCH[:, :-1], prores.run_alphas(cfg, STEP)))
               for name, cfg in (("control", control), ("none", plain))}
     np.testing.assert_array_equal(logits["control"], logits["none"])
     # ... and the train step's forward too: two programs that differ only after the loss.
@@ -93,9 +97,10 @@ def test_forward_false_moves_each_block_by_alpha_times_adamw():
     _, plain, _, _ = one_step(edit(BASE, prores={"schedule": "none"}))  # the same forward, so the same grads
     assert_updates(before, after, jax.tree.map(np.subtract, plain, before), ALPHAS)
     # That unscaled step is optax.adamw's on the gradient of the all-ones forward. Two programs'
-    # gradients differ by ulps, which Adam's first step g / (|g| + eps) turns into up to 2.5e-4 x lr
-    # where g is near 0 (measured; 4 of 9216 entries above 1e-4 x lr); a wrong scale is off by ~lr.
-    grads = jax.grad(steps.loss_fn)(before, model, BATCH, jnp.ones((3,), jnp.float32))
+    # gradients differ by ulps, which Adam's first step g / (|g| + eps) magnifies where g is near 0:
+    # measured at most 5.9e-6 x lr (natively and under AVX2; up to 2.5e-4 x lr against a gradient
+    # computed op by op); a wrong scale is off by ~lr.
+    grads = loss_grad(before, model, BATCH, jnp.ones((3,), jnp.float32))
     want = hand_adamw_update(control, before, grads)
     # The key bias's exact gradient is 0 (softmax ignores a shift of every key's logit by q . b_k):
     # its computed gradient is rounding noise, which Adam's first step blows up to O(lr); left out.
@@ -141,8 +146,8 @@ def test_zero_init_out_starts_every_block_as_the_identity(family):
     for name in model_lib.OUTPUT_PROJECTIONS:
         np.testing.assert_array_equal(params["blocks"][name], 0.0)
     assert np.abs(params["blocks"]["attn_qkv_kernel"]).min() > 0  # the rest keeps model.init's draw
-    logits = model_lib.Andrea(cfg).apply({"params": params}, BATCH[:, :-1], jnp.ones((3,), jnp.float32)).logits
-    # Two programs (the model's norms against jnp's): measured max |diff| 1.5e-7 (gpt2), 1.2e-7 (llama)
+    logits = forward_logits(model_lib.Andrea(cfg), params, BATCH[:, :-1], jnp.ones((3,), jnp.float32))
+    # Two programs (the model's norms against jnp's): measured max |diff| 1.8e-7 (gpt2), 1.2e-7 (llama)
     # natively and under AVX2, logits up to 0.65; the blocks at their usual init move them by 0.06-0.3.
     np.testing.assert_allclose(logits, _embedding_only_logits(cfg, params, BATCH[:, :-1]), rtol=0, atol=1e-6)
 
@@ -175,7 +180,7 @@ def test_depth_param_sets_each_parameter_s_lr_and_eps(param, a):
     keys = iter(jax.random.split(jax.random.key(2), 64))
     grads = jax.tree.map(lambda p: 1e-8 * jax.random.normal(next(keys), p.shape), params)
     tx = steps._tx_and_model(cfg)[0]
-    got, _ = tx.update(grads, tx.init(params), params, step=jnp.int32(0))
+    got, _ = jax.jit(lambda g, p: tx.update(g, tx.init(p), p, step=jnp.int32(0)))(grads, params)
     after = jax.device_get(optax.apply_updates(params, got))
     want = hand_adamw_update(cfg, params, grads, eps=cfg.optim.eps * m ** -a)
     assert_updates(jax.device_get(params), after, want, [m ** (a - 1)] * 8)
@@ -190,8 +195,8 @@ def test_with_prores_each_branch_is_alpha_times_the_multiplier(param, a):
     np.testing.assert_allclose(prores.run_alphas(cfg, STEP), scale_L, rtol=1e-7)
     before, _, loss, model = one_step(cfg)
     # the train step's forward is the model's at those branch scales (two programs: ~ulps)
-    np.testing.assert_allclose(loss, steps.loss_fn(before, model, BATCH, scale_L), rtol=1e-6)
-    assert abs(loss - float(steps.loss_fn(before, model, BATCH, ALPHAS))) > 1e-4
+    np.testing.assert_allclose(loss, loss_fn(before, model, BATCH, scale_L), rtol=1e-6)
+    assert abs(loss - float(loss_fn(before, model, BATCH, ALPHAS))) > 1e-4
 
 
 # refusals and resume

@@ -6,6 +6,7 @@ KV cache and the float32 residual stream are described in docs/ARCHITECTURE.md, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 import typing
@@ -281,9 +282,11 @@ class Andrea(nn.Module):
         return Output(logits_BTV, stats_L, kv_L)
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "impl"))
 def init_boxed(cfg: ModelConfig, rng, impl: str = "auto"):
     """The variables of a freshly initialised model, each in flax's box carrying its logical axis
-    names (andrea_jax.train.sharding reads them from an eval_shape of this)."""
+    names (andrea_jax.train.sharding reads them from an eval_shape of this). Jitted: flax's init
+    runs the forward pass, which op by op would compile each of its operations on its own."""
     tokens = jnp.zeros((1, min(8, cfg.seq_len)), jnp.int32)
     return Andrea(cfg, impl).init(rng, tokens, jnp.ones((cfg.n_layer,), jnp.float32))
 
