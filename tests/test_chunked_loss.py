@@ -26,17 +26,17 @@ V, P, D = 300, layers.padded_vocab(300), 32  # 84 padding columns
 Z = 0.05  # a z-loss coefficient large enough that its gradient matters beside the cross-entropy's
 # Max |chunked - plain| / max |plain| over values and every gradient leaf. Measured in float32: 2.9e-7
 # (operands), 3.2e-7 (each term alone), 4.7e-7 (model, both families), 6.0e-7 (a train step's
-# gradients); in bfloat16: 1.4e-7 (model), 3.5e-4 (operands, 4 chunks: the head's gradient summed over
-# chunks in float32 rounds to another bfloat16 in a few entries). The same under
-# XLA_FLAGS=--xla_cpu_max_isa=AVX2. A few times above:
+# gradients); in bfloat16: 1.4e-7 (model; 2.1e-7 under AVX2), 3.5e-4 (operands, 4 chunks: the head's
+# gradient summed over chunks in float32 rounds to another bfloat16 in a few entries). Otherwise the same
+# under XLA_FLAGS=--xla_cpu_max_isa=AVX2. A few times above:
 F32_TOL, BF16_TOL = 2e-6, 1e-3
 
 
 def rel_diff(got, want) -> float:
     """The largest, over the leaves, of a leaf's max |got - want| over its max |want|."""
     pairs = zip(jax.tree.leaves(got), jax.tree.leaves(want))
-    return max(float(jnp.max(jnp.abs(jnp.asarray(g, jnp.float32) - jnp.asarray(w, jnp.float32))))
-               / float(jnp.max(jnp.abs(jnp.asarray(w, jnp.float32)))) for g, w in pairs)
+    return max(float(np.max(np.abs(np.asarray(g).astype(np.float32) - np.asarray(w).astype(np.float32))))
+               / float(np.max(np.abs(np.asarray(w).astype(np.float32)))) for g, w in pairs)
 
 
 def plain_objective(y_BTD, w_DP, targets_BT):
@@ -79,8 +79,8 @@ def test_the_two_terms_and_their_gradients_apart():
     plain = {"ce": lambda y, w: steps.cross_entropy(logits(y, w), targets_BT),
              "sq": lambda y, w: steps.z_loss_term(logits(y, w), 1.0)}
     for i, name in enumerate(plain):
-        want = jax.value_and_grad(plain[name], argnums=(0, 1))(y_BTD, w_DP)
-        got = jax.value_and_grad(lambda y, w: chunked_loss.losses(y, w, targets_BT, V, 4)[i], argnums=(0, 1))(
+        want = jax.jit(jax.value_and_grad(plain[name], argnums=(0, 1)))(y_BTD, w_DP)
+        got = jax.jit(jax.value_and_grad(lambda y, w: chunked_loss.losses(y, w, targets_BT, V, 4)[i], argnums=(0, 1)))(
             y_BTD, w_DP)
         diff = rel_diff(got, want)
         print(f"{name}: max relative difference {diff:.2e}")
