@@ -85,11 +85,11 @@ def test_padded_vocabulary_gives_the_unpadded_loss_and_gradients():
         logits = y @ p["tok_embedding"].T
         return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean(), logits
 
-    (l1, logits1), g1 = jax.value_and_grad(unpadded_loss, has_aux=True)(params)
-    (l2, logits2), g2 = jax.value_and_grad(reference_loss, has_aux=True)(params)
+    (l1, logits1), g1 = jax.jit(jax.value_and_grad(unpadded_loss, has_aux=True))(params)
+    (l2, logits2), g2 = jax.jit(jax.value_and_grad(reference_loss, has_aux=True))(params)
     assert logits1.shape[-1] == SMALL.vocab_size
     assert jax.tree.map(jnp.shape, g1) == jax.tree.map(jnp.shape, params)  # gradients unpadded too
-    # measured: losses equal, logits 2.4e-7 apart, gradients at most 7.5e-8 (float32 rounding of
+    # measured: losses equal, logits 2.4e-7 apart, gradients at most 8.9e-8 (float32 rounding of
     # a differently tiled matmul); the padded rows' gradients are dropped with the padding
     np.testing.assert_allclose(l1, l2, rtol=1e-6)
     np.testing.assert_allclose(logits1, logits2, rtol=0, atol=2e-6)
