@@ -10,7 +10,7 @@ from andrea_jax import config as config_lib, configs, ramps
 from andrea_jax.data import loader
 from andrea_jax.errors import ConfigError
 from andrea_jax.model import prores
-from andrea_jax.train import hooks, loop as trainer, optim, population, steps
+from andrea_jax.train import budget, hooks, loop as trainer, optim, population, steps
 from andrea_jax.workdir import Workdir
 
 TOY = ["train.batch_size=4", "model.seq_len=16", "model.n_layer=2", "model.d_model=32", "model.n_head=4",
@@ -29,6 +29,7 @@ def test_the_plan_gives_each_step_its_shape_and_the_tokens_before_it():
     assert [ramps.tokens_at(cfg, s) for s in range(9)] == [0, 16, 32, 48, 64, 96, 128, 192, 256]
     assert ramps.shapes(cfg) == [(2, 8), (4, 8), (4, 16)] and ramps.shapes(cfg, steps=4) == [(2, 8)]
     assert ramps.steps_for_tokens(cfg, 200) == 8 and ramps.steps_for_tokens(cfg, 64) == 4
+    assert budget.resolve(toy(*RAMP, "train.tokens=200")).train.steps == 8   # train.tokens over the plan
     # the clock: tokens seen in steps of the full shape (64 tokens), in the jitted step too
     assert [float(ramps.clock(cfg, s)) for s in (0, 2, 5, 8)] == [0.0, 0.5, 1.5, 4.0]
     assert [float(x) for x in jax.jit(lambda s: ramps.clock(cfg, s))(np.arange(9, dtype=np.int32))] == \
@@ -52,6 +53,7 @@ def test_with_constant_shapes_the_token_clock_gives_the_step_clocks_alphas_and_l
     step_v = np.arange(0, 41, dtype=np.int32)
     alphas = lambda cfg: np.asarray(jax.vmap(lambda s: prores.run_alphas(cfg, s))(step_v))
     np.testing.assert_array_equal(alphas(by_tokens), alphas(by_steps))
+    np.testing.assert_array_equal(alphas(toy(*settings, "prores.warmup_tokens=384")), alphas(by_steps))  # no ramp
     assert 0 < alphas(by_steps)[7, 1] < 1  # mid-warmup, where a wrong clock would show
     lrs = [jax.vmap(optim.on_clock(optim.lr_schedule(cfg.optim, ramps.total(cfg)), steps._clock(cfg)))(step_v)
            for cfg in (by_tokens, by_steps)]
