@@ -95,7 +95,7 @@ def staged_dataset(tokens, *, seq_len: int, full_batch: int, seed: int, stage, p
         w0, w1 = lo // per_window, -(-(lo + local) // per_window)
         windows = gather_windows(tokens, [window_ids[first + w] for w in range(w0, w1)], seq_len)
         return cut_rows(windows, length)[lo - w0 * per_window:][:local]
-    return grain.MapDataset.range(2**62).map(batch)
+    return grain.MapDataset.range(2**62).map(batch)   # element k: step k's batch (2**62: endless in practice)
 
 
 def train_iterator(dataset: grain.MapDataset, *, num_threads: int = 2, prefetch: int = 4):
