@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 
 from andrea_jax.config_text import override  # noqa: F401  (callers apply --set here)
-from andrea_jax.config_text import parse_mixture, parse_rules
+from andrea_jax.config_text import parse_mixture, parse_ramp, parse_rules
 from andrea_jax.errors import ConfigError  # noqa: F401  (callers catch it here)
 from andrea_jax.names import FAMILIES, KERNEL_IMPLS, MESH_AXES, SCHEDULES
 
@@ -82,6 +82,9 @@ class ModelConfig:
     loss_chunks: int = 0        # the train and eval losses form the float32 logits and their gradient this many
                                 # chunks of positions at a time, never whole (andrea_jax/train/chunked_loss.py); must
                                 # divide seq_len; 0: the plain loss over the whole logits
+    seq_len_ramp: str = ""      # LEN@TOKENS,LEN@TOKENS,...: train on sequences of LEN tokens until TOKENS tokens have
+                                # been seen, then the next stage, then model.seq_len; each LEN divides seq_len
+                                # (docs/RAMPS.md: the token clock every schedule then runs on); "" = off
 
     def __post_init__(self):
         # A bool remat (True / "true" in a config, a saved checkpoint's config or --set) means
@@ -106,6 +109,12 @@ class ModelConfig:
         _need(self.loss_chunks >= 0 and (self.loss_chunks == 0 or self.seq_len % self.loss_chunks == 0),
               "model.loss_chunks", f"must be 0 (off) or divide model.seq_len={self.seq_len}, got {self.loss_chunks}")
         _one_of("model.family", self.family, FAMILIES, "model family")
+        for length, _ in parse_ramp("model.seq_len_ramp", self.seq_len_ramp):
+            _need(length < self.seq_len and self.seq_len % length == 0, "model.seq_len_ramp",
+                  f"stage length {length} must be below and divide model.seq_len={self.seq_len} (a stage's rows are "
+                  f"cut from the windows of the full length)")
+            _need(self.loss_chunks == 0 or length % self.loss_chunks == 0, "model.seq_len_ramp",
+                  f"stage length {length} is not divisible by model.loss_chunks={self.loss_chunks}")
         _one_of("model.depth_param", self.depth_param, DEPTH_PARAMS, "depth parameterisation")
         _need(self.depth_base >= 1, "model.depth_base", f"must be >= 1 (a depth L0), got {self.depth_base}")
         _need(self.family != "llama" or (self.d_model // self.n_head) % 2 == 0, "model.family",
@@ -117,6 +126,8 @@ class ModelConfig:
 class ProResConfig:
     schedule: str = "linear"    # one of SCHEDULES (formulas: andrea_jax.model.prores); `none` turns ProRes off
     warmup: int = 1000          # T: warmup of the first layer, in optimizer steps (paper default)
+    warmup_tokens: int = 0      # > 0: T in tokens seen instead (replaces prores.warmup): T = warmup_tokens /
+                                # (train.batch_size x model.seq_len) steps of the full shape (docs/RAMPS.md)
     # A deviation from the paper, off by default: multiply block l's AdamW update (decay included)
     # by alpha_l (alpha), sqrt(alpha_l) (sqrt_alpha) or alpha_l^2 (alpha_sq), so a partly-on block
     # moves as little as it counts; Adam's m / sqrt(v) otherwise undoes the alpha that scales its gradient.
@@ -129,6 +140,8 @@ class ProResConfig:
         _one_of("prores.schedule", self.schedule, SCHEDULES, "schedule")
         _one_of("prores.scale_updates", self.scale_updates, UPDATE_SCALES, "update scaling")
         _need(self.warmup >= 0, "prores.warmup", f"must be >= 0, got {self.warmup}")
+        _need(self.warmup_tokens >= 0, "prores.warmup_tokens", f"must be >= 0 (0 = prores.warmup's steps), "
+              f"got {self.warmup_tokens}")
         _need(self.forward or self.scale_updates != "none", "prores.forward",
               "false leaves alpha unused unless prores.scale_updates is alpha, sqrt_alpha or alpha_sq")
 
@@ -200,6 +213,9 @@ class TrainConfig:
     flops: float = 0.0          # > 0: train for this many FLOPs instead (andrea_jax/train/mfu.py's count, the `mfu`
                                 # metric's): steps = ceil(flops / (FLOPs per token x batch_size x seq_len))
     batch_size: int = 512       # global batch, in sequences
+    batch_ramp: str = ""        # B@TOKENS,B@TOKENS,...: global batches of B sequences until TOKENS tokens have been
+                                # seen, then the next stage, then train.batch_size (e.g. 128@1e9,256@2e9 for 512);
+                                # turns on the token clock of every schedule (docs/RAMPS.md); "" = off
     seed: int = 0               # seeds init and sampling, and the data order unless train.data_seed is set
     data_seed: int = -1         # seeds the data order (the loader's shuffle) alone; -1 = train.seed's
     log_every: int = 10         # steps between metric lines (each costs one host sync)
@@ -242,6 +258,11 @@ class TrainConfig:
         _need(not (self.tokens and self.flops), "train.flops",
               f"set only one of train.steps, train.tokens and train.flops; train.tokens={self.tokens} is set too")
         _need(self.data_seed >= -1, "train.data_seed", f"must be >= 0, or -1 for train.seed's, got {self.data_seed}")
+        for batch, _ in parse_ramp("train.batch_ramp", self.batch_ramp):
+            _need(batch <= self.batch_size, "train.batch_ramp",
+                  f"stage batch {batch} exceeds train.batch_size={self.batch_size}")
+            _need(batch % self.microbatches == 0, "train.batch_ramp",
+                  f"stage batch {batch} is not divisible by train.microbatches={self.microbatches}")
 
     @property
     def order_seed(self) -> int:
@@ -390,4 +411,26 @@ def validate(config: Config) -> Config:
     _need(not config.data.document_mask or config.model.attention == "xla" or config.model.seq_len % 2 == 0,
           "data.document_mask", f"cuDNN attention takes the mask only at an even model.seq_len, got "
           f"{config.model.seq_len}: use an even one or model.attention=xla")
+    _check_ramps(config)
     return config
+
+
+def _check_ramps(config: Config) -> None:
+    """What a ramp (train.batch_ramp, model.seq_len_ramp) cannot run with, each refused in one line."""
+    m, t = config.model, config.train
+    key = "train.batch_ramp" if t.batch_ramp else "model.seq_len_ramp"
+    if not (t.batch_ramp or m.seq_len_ramp):
+        return
+    _need(not t.flops, "train.flops", f"a FLOP budget is not resolved over {key}'s changing shapes; "
+          "set train.tokens instead")
+    _need(not config.data.mixture, "data.mixture", f"is not served at {key}'s changing shapes")
+    batches = [b for b, _ in parse_ramp("train.batch_ramp", t.batch_ramp)] + [t.batch_size]
+    lengths = [n for n, _ in parse_ramp("model.seq_len_ramp", m.seq_len_ramp)] + [m.seq_len]
+    for batch in batches:
+        for length in lengths:  # a step reads whole windows of the full length: no token skipped or repeated
+            _need(batch * length % m.seq_len == 0, key, f"a step of batch {batch} x length {length} does "
+                  f"not read whole windows of model.seq_len={m.seq_len}; every stage batch x stage length must "
+                  f"be a multiple of model.seq_len")
+    _need(not config.data.document_mask or m.attention == "xla" or all(n % 2 == 0 for n in lengths),
+          "model.seq_len_ramp", "cuDNN attention takes data.document_mask only at even lengths: use even "
+          "stage lengths or model.attention=xla")

@@ -92,3 +92,33 @@ def parse_mixture(spec: str) -> list[tuple[str, float]]:
         entries.append((path, value))
     total = sum(w for _, w in entries)
     return [(path, w / total) for path, w in entries]
+
+
+def _whole(text: str) -> int | None:
+    """An integer written as 1000, 1_000 or 1e3; None for anything else."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if math.isfinite(value) and value.is_integer() else None
+
+
+def parse_ramp(key: str, spec: str) -> list[tuple[int, int]]:
+    """A ramp (train.batch_ramp, model.seq_len_ramp), SIZE@TOKENS,SIZE@TOKENS,...: [(size, tokens)],
+    each size used until that many tokens have been seen; '' = []. The tokens must rise."""
+    stages = []
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        size, _, tokens = entry.partition("@")
+        size, tokens = _whole(size.strip()), _whole(tokens.strip())
+        if size is None or tokens is None or size <= 0 or tokens <= 0:
+            raise ConfigError(f"{key}: stage {entry!r} must be SIZE@TOKENS with positive integers "
+                              f"(a size used until TOKENS tokens have been seen)")
+        if stages and tokens <= stages[-1][1]:
+            raise ConfigError(f"{key}: stage {entry!r} ends at {tokens} tokens, not after the stage before "
+                              f"it ({stages[-1][1]}): the stages' token counts must rise")
+        stages.append((size, tokens))
+    return stages

@@ -20,7 +20,7 @@ import jax
 from jax.sharding import AxisType
 
 from andrea_jax.config import Config, MeshConfig
-from andrea_jax.config_text import parse_rules
+from andrea_jax.config_text import parse_ramp, parse_rules
 from andrea_jax.errors import ConfigError
 from andrea_jax.names import MESH_AXES, RULES, WHOLE_IF_NOT_DIVISIBLE
 
@@ -88,6 +88,18 @@ def check(cfg: Config, mesh: jax.sharding.Mesh) -> None:
             settings = " x ".join(f"mesh.{a}={mesh.shape[a]}" for a in axes)
             raise ConfigError(f"{settings}: {sizes[name][1]} is not divisible by the {n} devices that "
                               f"split the logical axis {name!r}")
+    _check_batch_ramp(cfg, mesh)
+
+
+def _check_batch_ramp(cfg: Config, mesh: jax.sharding.Mesh) -> None:
+    """Refuses a train.batch_ramp stage whose microbatch the devices that split the batch cannot split."""
+    axes = entry_axes(dict(rules(cfg, mesh))["batch"])
+    n, micro = math.prod(mesh.shape[a] for a in axes), cfg.train.microbatches
+    for batch, _ in parse_ramp("train.batch_ramp", cfg.train.batch_ramp):
+        if batch // micro % n:
+            raise ConfigError(f"train.batch_ramp: stage batch {batch} / train.microbatches={micro} is not "
+                              f"divisible by the {n} devices that split the batch "
+                              f"({' x '.join(f'mesh.{a}={mesh.shape[a]}' for a in axes)})")
 
 
 def make_mesh(cfg: Config | None = None, devices=None) -> jax.sharding.Mesh:

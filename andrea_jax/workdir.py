@@ -122,7 +122,7 @@ def held(workdir: pathlib.Path):
 FREE = {"model.remat", "model.attention", "model.loss_chunks", "data.path", "data.data_dir", "data.tokenizer",
         "data.tfds_download"}
 IDENTITY_SECTIONS = ("model", "prores", "data")
-IDENTITY_KEYS = ("train.seed", "train.data_seed", "train.batch_size")
+IDENTITY_KEYS = ("train.seed", "train.data_seed", "train.batch_size", "train.batch_ramp")
 # Only matter to a step whose gradient is not finite: switching skipping on to get past a NaN is fine.
 SCHEDULE_FREE = {"optim.skip_nonfinite", "optim.max_consecutive_skips"}
 

@@ -200,7 +200,7 @@ def expected_kind(key: str) -> str:
         return "identity"
     if key in ("optim.name", "optim.ema"):  # another optimizer's state (ema: from none to an average)
         return "identity"
-    if section in ("model", "prores", "data") or key in ("train.seed", "train.batch_size"):
+    if section in ("model", "prores", "data") or key in ("train.seed", "train.batch_size", "train.batch_ramp"):
         return "identity"   # refused, whatever is confirmed
     if section == "optim" or key == "train.steps":
         return "schedule"   # refused unless --allow-schedule-change

@@ -92,7 +92,7 @@ RANKS = (
     {"data", "model"},
     {"kernels"},
     {"checkpoint", "workdir", "config", "configs", "config_text", "names", "mesh", "errors", "startup", "signals",
-     ""},
+     "ramps", ""},
 )
 
 

@@ -69,7 +69,8 @@ def test_cli_trains_and_writes_metrics(tmp_path):
     assert (tmp_path / "tokenizer.json").exists()
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["model"]["n_layer"] == 2
-    assert saved["prores"] == {"schedule": "linear", "warmup": 3, "scale_updates": "none", "forward": True}
+    assert saved["prores"] == {"schedule": "linear", "warmup": 3, "warmup_tokens": 0, "scale_updates": "none",
+                               "forward": True}
     assert "ProRes linear T=3" in proc.stdout
     assert "--- sample ---" in proc.stdout
 

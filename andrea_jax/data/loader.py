@@ -14,6 +14,13 @@ of the batch are one array_record read.
 
 The iterator's state is the index of the next global batch, the same on every process: it restores
 onto any process count that divides the same global batch (see `state_fingerprint`).
+
+**Changing shapes** (a ramp, andrea_jax.ramps): `staged_dataset` reads the same stream of shuffled
+windows of the full seq_len, but step k takes the next windows that its B x t tokens fill (a whole
+number of them: the config checks it) and cuts each window into seq_len / t rows of t + 1 tokens,
+which overlap by one token as windows do. So every token of the stream is served once, in order,
+whatever the shapes; the state is again the index of the next step, and the stream position of step
+k is the tokens the steps before it saw, which the plan gives.
 """
 from __future__ import annotations
 
@@ -44,6 +51,11 @@ def local_batch_size(global_batch: int, process_count: int) -> int:
     return global_batch // process_count
 
 
+def window_stream(n_windows: int, seed: int) -> grain.MapDataset:
+    """The endless stream of window ids: each epoch a new seeded permutation of all windows."""
+    return grain.MapDataset.range(n_windows).shuffle(seed=seed % 2**32).repeat(None)
+
+
 def train_dataset(tokens, *, seq_len: int, global_batch: int, seed: int,
                   process_index: int = 0, process_count: int = 1) -> grain.MapDataset:
     """Endless batches [global_batch / process_count, seq_len + 1] of this process's share."""
@@ -53,10 +65,37 @@ def train_dataset(tokens, *, seq_len: int, global_batch: int, seed: int,
         raise DataError(f"the training tokens make {n} windows of seq_len + 1 = {seq_len + 1}, fewer than "
                         f"one batch of train.batch_size={global_batch}: use a larger corpus (data.source=files or "
                         f"tfds) or --set train.batch_size=N with N <= {n}")
-    window_ids = grain.MapDataset.range(n).shuffle(seed=seed % 2**32).repeat(None)
+    window_ids = window_stream(n, seed)
     # Local batch m holds stream positions [m*local, (m+1)*local); global batch k is m = k*P .. k*P + P-1.
     mine = window_ids.batch(local)[process_index::process_count]
     return mine.map(lambda ids: gather_windows(tokens, ids, seq_len))
+
+
+def cut_rows(windows_WT1: np.ndarray, length: int) -> np.ndarray:
+    """Windows [W, T + 1] cut into rows [W * T / length, length + 1], each window's in order."""
+    starts = np.arange(0, windows_WT1.shape[1] - 1, length)
+    return windows_WT1[:, starts[:, None] + np.arange(length + 1)].reshape(-1, length + 1)
+
+
+def staged_dataset(tokens, *, seq_len: int, full_batch: int, seed: int, stage, process_index: int = 0,
+                   process_count: int = 1) -> grain.MapDataset:
+    """Endless batches of changing shape: element k is step k's [B / process_count, t + 1] share, where
+    stage(k) = (B, t, the stream position of its first window) (andrea_jax.ramps: the plan's shape and
+    tokens seen over seq_len)."""
+    n = num_windows(len(tokens), seq_len)
+    if n < full_batch:
+        raise DataError(f"the training tokens make {n} windows of seq_len + 1 = {seq_len + 1}, fewer than "
+                        f"one batch of train.batch_size={full_batch}: use a larger corpus or a smaller batch")
+    window_ids = window_stream(n, seed)
+
+    def batch(step: int) -> np.ndarray:
+        rows, length, first = stage(step)
+        local, per_window = local_batch_size(rows, process_count), seq_len // length
+        lo = process_index * local   # this process's rows [lo, lo + local) of the step's
+        w0, w1 = lo // per_window, -(-(lo + local) // per_window)
+        windows = gather_windows(tokens, [window_ids[first + w] for w in range(w0, w1)], seq_len)
+        return cut_rows(windows, length)[lo - w0 * per_window:][:local]
+    return grain.MapDataset.range(2**62).map(batch)   # element k: step k's batch (2**62: endless in practice)
 
 
 def train_iterator(dataset: grain.MapDataset, *, num_threads: int = 2, prefetch: int = 4):

@@ -21,6 +21,7 @@ import pathlib
 import jax
 from tokenizers import Tokenizer
 
+from andrea_jax import ramps
 from andrea_jax.config_text import parse_mixture
 from andrea_jax.data import (bucket_cache, loader, mixture as mixture_lib, sampling, sources, storage, token_cache,
                              token_shards, tokenizer as tokenizer_lib)
@@ -185,23 +186,36 @@ def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None)
 
 
 def fingerprint(cfg, corpus: TokenizedCorpus) -> dict:
-    return loader.state_fingerprint(tokens_key=corpus.key, n_tokens=corpus.n_train,
-                                    seq_len=cfg.model.seq_len, global_batch=cfg.train.batch_size,
-                                    seed=cfg.train.order_seed)
+    out = loader.state_fingerprint(tokens_key=corpus.key, n_tokens=corpus.n_train,
+                                   seq_len=cfg.model.seq_len, global_batch=cfg.train.batch_size,
+                                   seed=cfg.train.order_seed)
+    # a ramp's steps read other windows: its state continues only under the same stages
+    return out | ({"ramps": [cfg.train.batch_ramp, cfg.model.seq_len_ramp]} if ramps.ramped(cfg) else {})
+
+
+def train_dataset(cfg, corpus: TokenizedCorpus, process_index: int, process_count: int):
+    """The endless training batches of this process: of one shape, or of a ramp's changing shapes."""
+    m_cfg, t_cfg = cfg.model, cfg.train
+    split = dict(seq_len=m_cfg.seq_len, seed=t_cfg.order_seed, process_index=process_index,
+                 process_count=process_count)
+    if ramps.ramped(cfg):
+        stage = lambda step: (*ramps.shape_at(cfg, step), ramps.tokens_at(cfg, step) // m_cfg.seq_len)
+        return loader.staged_dataset(corpus.train_tokens, full_batch=t_cfg.batch_size, stage=stage, **split)
+    if corpus.mixture:
+        return mixture_lib.train_dataset(corpus.mixture, global_batch=t_cfg.batch_size, **split)
+    return loader.train_dataset(corpus.train_tokens, global_batch=t_cfg.batch_size, **split)
 
 
 def build(cfg, workdir=None, *, cache_dir=None, process_index: int | None = None,
           process_count: int | None = None):
     """(corpus, train batch iterator, validation batches) for this process; saves the tokenizer
-    into `workdir` when given. Batches are int32 [train.batch_size / process_count, seq_len + 1]."""
+    into `workdir` when given. Batches are int32 [train.batch_size / process_count, seq_len + 1] (with a
+    ramp, of the step's shape: andrea_jax.ramps)."""
     index = jax.process_index() if process_index is None else process_index
     count = jax.process_count() if process_count is None else process_count
     m_cfg, t_cfg = cfg.model, cfg.train
     corpus = tokenized_corpus(cfg.data, vocab_size=m_cfg.vocab_size, seq_len=m_cfg.seq_len, cache_dir=cache_dir)
-    split = dict(seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size, seed=t_cfg.order_seed,
-                 process_index=index, process_count=count)
-    batches = loader.train_iterator(mixture_lib.train_dataset(corpus.mixture, **split) if corpus.mixture
-                                    else loader.train_dataset(corpus.train_tokens, **split))
+    batches = loader.train_iterator(train_dataset(cfg, corpus, index, count))
     if workdir is not None:
         corpus.tokenizer.save(str(Workdir(workdir).tokenizer))
     val = loader.val_batches(corpus.val_tokens, seq_len=m_cfg.seq_len, global_batch=t_cfg.batch_size,

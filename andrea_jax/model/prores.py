@@ -2,14 +2,15 @@
 
 Block l (1-indexed) computes x + alpha(l, t) * F(...). t is the number of completed optimizer
 updates, so the very first forward pass sees alpha = 0 under every warming schedule. T (`warmup`)
-is the first layer's warmup length in steps. Formulas: the ProRes paper's Table 5.
+is the first layer's warmup length in steps; a run with a ramp counts both in tokens seen, in
+steps of the full shape (andrea_jax.ramps, `schedule_alphas`). Formulas: the ProRes paper's Table 5.
 Pure functions of (step, L, T): no flax, no state; jittable with a traced step.
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from andrea_jax import names
+from andrea_jax import names, ramps
 from andrea_jax.config import UPDATE_SCALES, Config
 from andrea_jax.model import depth
 
@@ -61,9 +62,18 @@ def alphas(step, num_layers: int, *, schedule: str = "linear", warmup: int = 100
     return SCHEDULES[schedule](l, jnp.asarray(step, jnp.float32), num_layers, float(warmup))
 
 
+def clock_warmup(cfg: Config) -> float:
+    """T on the run's clock (andrea_jax.ramps): prores.warmup steps, or prores.warmup_tokens over
+    the tokens of one step of the full shape."""
+    p = cfg.prores
+    return p.warmup_tokens / ramps.full_tokens(cfg) if p.warmup_tokens else p.warmup
+
+
 def schedule_alphas(cfg: Config, step) -> jnp.ndarray:
-    """The schedule's alpha(l, step) of a run of `cfg`, whether or not its forward pass uses them."""
-    return alphas(step, cfg.model.n_layer, schedule=cfg.prores.schedule, warmup=cfg.prores.warmup)
+    """The schedule's alpha(l, t) of a run of `cfg` after `step` completed steps, t the run's clock
+    (the step, or with a ramp the tokens seen: andrea_jax.ramps), whether or not its forward pass
+    uses them."""
+    return alphas(ramps.clock(cfg, step), cfg.model.n_layer, schedule=cfg.prores.schedule, warmup=clock_warmup(cfg))
 
 
 def run_alphas(cfg: Config, step) -> jnp.ndarray:

@@ -5,7 +5,8 @@ compiles; the loop and everything after it read only `train.steps`, and config.j
 beside the budget that gave it. A step trains `train.batch_size x model.seq_len` tokens (the
 targets of its rows; microbatches split a step, they do not add to it), and a token costs the FLOPs
 the `mfu` metric counts (andrea_jax.train.mfu.model_flops_per_token). Steps round up: the run
-trains at least its budget and less than one step more.
+trains at least its budget and less than one step more. With a ramp (andrea_jax.ramps) the steps
+are those of its plan that see train.tokens.
 
 A resumed run takes the steps its config.json recorded for the same budget rather than resolving
 again, so that it ends where it was planned to even if the FLOP count's formula changes between
@@ -22,6 +23,7 @@ from typing import Sequence
 
 import jax
 
+from andrea_jax import ramps
 from andrea_jax.config import Config
 from andrea_jax.errors import ConfigError
 from andrea_jax.train import mfu
@@ -29,14 +31,15 @@ from andrea_jax.workdir import Workdir
 
 
 def tokens_per_step(cfg: Config) -> int:
-    return cfg.train.batch_size * cfg.model.seq_len
+    """Tokens of a step of the full shape (a ramp's earlier steps see fewer: andrea_jax.ramps)."""
+    return ramps.full_tokens(cfg)
 
 
 def steps_for(cfg: Config) -> int | None:
     """The steps train.tokens or train.flops asks for; None when neither is set."""
     t = cfg.train
     if t.tokens:
-        return -(-t.tokens // tokens_per_step(cfg))  # integer ceil: exact at any size
+        return ramps.steps_for_tokens(cfg, t.tokens)  # integer ceil over the plan's steps: exact at any size
     if t.flops:
         return math.ceil(t.flops / (mfu.model_flops_per_token(cfg.model) * tokens_per_step(cfg)))
     return None
@@ -45,7 +48,8 @@ def steps_for(cfg: Config) -> int | None:
 def _inputs(tree: dict) -> tuple:
     """What a budget's steps depend on, from a Config.to_dict() tree."""
     train = tree.get("train", {})
-    return train.get("tokens", 0), train.get("flops", 0.0), train.get("batch_size"), tree.get("model")
+    return (train.get("tokens", 0), train.get("flops", 0.0), train.get("batch_size"), train.get("batch_ramp", ""),
+            tree.get("model"))
 
 
 def _recorded_steps(cfg: Config, workdir: str | pathlib.Path | None) -> int | None:
@@ -84,6 +88,8 @@ def describe(cfg: Config) -> str:
         return ""
     per_step = tokens_per_step(cfg)
     budget = f"train.tokens={t.tokens:,}" if t.tokens else f"train.flops={t.flops:.4g}"
+    if ramps.ramped(cfg):   # a ramp refuses train.flops: its steps have other shapes and FLOPs per token
+        return f"{budget}: train.steps={t.steps:,} of a ramp, {ramps.tokens_at(cfg, t.steps):,} tokens"
     flops = t.steps * per_step * mfu.model_flops_per_token(cfg.model)
     return (f"{budget}: train.steps={t.steps:,} of {per_step:,} tokens (train.batch_size x model.seq_len), "
             f"{t.steps * per_step:,} tokens, {flops:.4g} FLOPs")

@@ -19,7 +19,7 @@ from typing import Callable, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from andrea_jax import checkpoint
+from andrea_jax import checkpoint, ramps
 from andrea_jax.config import Config
 from andrea_jax.data import pipeline
 from andrea_jax.errors import TrainingError
@@ -108,11 +108,14 @@ def save_checkpoint(ctx: Context, state: LoopState, step: int, line: Mapping) ->
 
 
 def step_line(ctx: Context, state: LoopState, step: int, line: Mapping) -> dict:
-    """The step's own metrics, the throughput since the last line, each mixed source's tokens so
-    far, the updates skipped so far and the latest loss spike if no line holds it yet."""
+    """The step's own metrics, the throughput since the last line (with a ramp, the tokens seen so
+    far too), each mixed source's tokens so far, the updates skipped so far and the latest loss
+    spike if no line holds it yet."""
     out = metric_line(step, state.step_metrics)
-    tokens = ctx.cfg.train.batch_size * ctx.cfg.model.seq_len * (step - state.last_step)
+    tokens = ramps.tokens_at(ctx.cfg, step) - ramps.tokens_at(ctx.cfg, state.last_step)
     out["tokens_per_sec"] = tokens / (time.perf_counter() - state.last_time)
+    if ramps.ramped(ctx.cfg):
+        out["tokens"] = ramps.tokens_at(ctx.cfg, step)
     if ctx.peak_flops:
         out["mfu"] = mfu.mfu(out["tokens_per_sec"], ctx.flops_per_token, ctx.peak_flops, jax.device_count())
     out |= pipeline.tokens_by_source(ctx.cfg, ctx.corpus, step)   # data.mixture: cumulative, per source

@@ -24,7 +24,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from andrea_jax import checkpoint, model as model_lib, startup
+from andrea_jax import checkpoint, model as model_lib, ramps, startup
 from andrea_jax.config import Config
 from andrea_jax.data import pipeline, tokenizer as tokenizer_lib
 from andrea_jax.errors import ConfigError, TrainingError
@@ -83,8 +83,9 @@ def _is_every(n: int) -> Callable[[int], bool]:
 
 
 def at_eval(cfg: Config) -> Callable[[int], bool]:
-    """Whether a step evaluates: every train.eval_every steps and at the last."""
-    return lambda step: _is_every(cfg.train.eval_every)(step) or step == cfg.train.steps
+    """Whether a step evaluates: every train.eval_every steps (with a ramp: each time the tokens seen
+    pass a multiple of that many full-shape steps' tokens, andrea_jax.ramps.crosses) and at the last."""
+    return lambda step: ramps.crosses(cfg, step, cfg.train.eval_every) or step == cfg.train.steps
 
 
 def at_diagnostics(cfg: Config) -> Callable[[int], bool]:
@@ -94,14 +95,14 @@ def at_diagnostics(cfg: Config) -> Callable[[int], bool]:
 
 def step_hooks(cfg: Config, *, has_checkpoints: bool, extra: Sequence[hooks.Hook] = ()) -> list[hooks.Hook]:
     """What a step may owe, in the order it is done: a checkpoint (every train.checkpoint_every,
-    at the last step and when a signal stops the run), the step's line (every train.log_every,
-    and whenever it evaluates or ran diagnostics: the steps whose line is written), the evaluation
-    (every train.eval_every and at the last), then `extra` (such as train.eval_tasks, at the
-    evaluation's steps) and the spike score."""
+    counted like train.eval_every in `at_eval`, at the last step and when a signal stops the run),
+    the step's line (every train.log_every, and whenever it evaluates or ran diagnostics: the steps
+    whose line is written), the evaluation (every train.eval_every and at the last), then `extra`
+    (such as train.eval_tasks, at the evaluation's steps) and the spike score."""
     last = lambda step: step == cfg.train.steps
     evaluates, diagnoses = at_eval(cfg), at_diagnostics(cfg)
-    checkpoints = [hooks.Hook("checkpoint", lambda step: _is_every(cfg.train.checkpoint_every)(step) or last(step),
-                              hooks.save_checkpoint, on_stop=True)] if has_checkpoints else []
+    saves = lambda step: ramps.crosses(cfg, step, cfg.train.checkpoint_every) or last(step)
+    checkpoints = [hooks.Hook("checkpoint", saves, hooks.save_checkpoint, on_stop=True)] if has_checkpoints else []
     return [*checkpoints,
             hooks.Hook("log", lambda step: _is_every(cfg.train.log_every)(step) or evaluates(step) or diagnoses(step),
                        hooks.step_line, writes_line=True),
@@ -184,9 +185,11 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
     # Printed once signals are caught: from here on SIGTERM / SIGINT stop the run with a checkpoint.
     print(f"ANDREA: {sum(int(p.size) for p in jax.tree.leaves(run.state.params)):,} parameters, "
           f"{run.corpus.train_size}, {jax.device_count()} {jax.devices()[0].platform} device(s) in "
-          f"{jax.process_count()} process(es), ProRes {cfg.prores.schedule} T={cfg.prores.warmup}, attention: "
+          f"{jax.process_count()} process(es), ProRes {cfg.prores.schedule} T={_prores_t(cfg)}, attention: "
           f"{model_lib.attention_impl(cfg.model)[1]}" + (f", resumed at step {run.start}" if run.start else ""),
           flush=True)
+    if ramps.ramped(cfg):
+        print(ramps.describe(cfg), flush=True)
     # The mesh is current while steps are traced, so the kernels see which axes split the rows.
     with jax.set_mesh(run.mesh):
         try:
@@ -198,6 +201,10 @@ def _train(cfg: Config, run_dir: Workdir, ckpt, show_progress: bool, allow_sched
         if at_end is not None:
             at_end(cfg, run_dir, loop_state.train, run.corpus.tokenizer, has_checkpoint=ckpt is not None)
     return loop_state.lines
+
+
+def _prores_t(cfg: Config) -> str:
+    return f"{cfg.prores.warmup_tokens:,} tokens" if cfg.prores.warmup_tokens else str(cfg.prores.warmup)
 
 
 def run_hooks(ctx: hooks.Context, state: hooks.LoopState, step: int, due: Sequence[hooks.Hook]) -> dict:

@@ -16,8 +16,9 @@ from andrea_jax.model.transformer import FAMILIES
 from andrea_jax.train import muon
 
 
-def lr_schedule(cfg: OptimConfig, total_steps: int, peak: float | None = None) -> optax.Schedule:
-    """optim.schedule rising to `peak` (default optim.lr)."""
+def lr_schedule(cfg: OptimConfig, total_steps: float, peak: float | None = None) -> optax.Schedule:
+    """optim.schedule rising to `peak` (default optim.lr), over `total_steps` (a float on a ramp's
+    token clock, andrea_jax.ramps)."""
     peak = cfg.lr if peak is None else peak
     warmup = min(cfg.warmup_steps, total_steps)
     if cfg.schedule == "cosine":
@@ -33,6 +34,11 @@ def lr_schedule(cfg: OptimConfig, total_steps: int, peak: float | None = None) -
              optax.linear_schedule(peak, 0.0, decay)],
             boundaries=[warmup, warmup + stable])
     raise ValueError(f"unknown LR schedule {cfg.schedule!r}")
+
+
+def on_clock(schedule: optax.Schedule, clock: Callable[[jax.Array], jax.Array] | None) -> optax.Schedule:
+    """`schedule` read at clock(count) (a ramp's tokens seen, andrea_jax.ramps.clock), or at the count itself."""
+    return schedule if clock is None else lambda count: schedule(clock(count))
 
 
 def _names(path) -> tuple[str, ...]:
@@ -191,17 +197,18 @@ def spike_state(opt_state) -> SpikeState | None:
 
 def make(cfg: OptimConfig, total_steps: int, family: str = "gpt2",
          block_scales: Callable[[jax.Array], jax.Array] | None = None,
-         n_layer: int | None = None) -> optax.GradientTransformation:
+         n_layer: int | None = None, clock: Callable[[jax.Array], jax.Array] | None = None
+         ) -> optax.GradientTransformation:
     """The run's optimizer: AdamW, or with optim.name=muon Muon for the blocks' matrices and AdamW
     for the rest (andrea_jax.train.muon). family: model.family (its decay mask). block_scales: None (the paper's
     AdamW), or step -> [L] factors of the blocks' updates (scale_block_updates; `update` then
     needs step=): prores.scale_updates's factor times model.depth_param's hidden-LR factor, as
     andrea_jax.train.steps makes them. n_layer: model.n_layer, needed with optim.skip_spikes (`update` then needs
-    loss=)."""
-    adamw = optax.adamw(lr_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+    loss=). clock: None (the schedules count updates), or count -> the ramp's clock they read (on_clock)."""
+    adamw = optax.adamw(on_clock(lr_schedule(cfg, total_steps), clock), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                         weight_decay=cfg.weight_decay, mask=functools.partial(decay_mask, family=family))
     if cfg.name == "muon":
-        adamw = muon.muon_and_adamw(lr_schedule(cfg, total_steps, cfg.muon_lr), cfg.muon_momentum,
+        adamw = muon.muon_and_adamw(on_clock(lr_schedule(cfg, total_steps, cfg.muon_lr), clock), cfg.muon_momentum,
                                     cfg.muon_weight_decay, adamw)
     adamw = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
     if block_scales is not None:

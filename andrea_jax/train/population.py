@@ -86,6 +86,10 @@ def check_structure(cfgs: list[Config]) -> None:
     first = cfgs[0]
     if first.optim.name != "adamw":
         raise ConfigError(f"optim.name: a population trains AdamW members, not {first.optim.name}")
+    on_tokens = [k for k in ("train.batch_ramp", "model.seq_len_ramp", "prores.warmup_tokens") if _get(first, k)]
+    if on_tokens:  # its traced schedules count steps
+        raise ConfigError(f"{on_tokens[0]}: a population's schedules count steps, not tokens; it takes no ramp "
+                          "and no prores.warmup_tokens")
     for i, cfg in enumerate(cfgs[1:], start=1):
         aligned = functools.reduce(lambda c, key: _with(c, key, _get(first, key)), PER_MEMBER, cfg)
         if aligned != first:

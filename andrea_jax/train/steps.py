@@ -1,6 +1,7 @@
 """The jitted pieces of training: the train state, the loss, the train and eval steps, with the
 shardings of andrea_jax.train.sharding over a (data, fsdp, tensor) mesh. ProRes alphas are computed
-inside the step from `state.step`, so a new step never recompiles. Needs only jax, flax and optax:
+inside the step from `state.step`, so a new step never recompiles; a new batch shape (a ramp's
+stage, andrea_jax.ramps) compiles once, as jit compiles once per input shape. Needs only jax, flax and optax:
 GPU benchmarks use it without the data stack (andrea_jax.train.loop adds the loop, data, logging and
 checkpoints).
 
@@ -23,7 +24,7 @@ from flax.training import train_state
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from andrea_jax.train import chunked_loss, diagnostics as diag_lib, optim, sharding
-from andrea_jax import model as model_lib
+from andrea_jax import model as model_lib, ramps
 from andrea_jax.data import segments
 from andrea_jax.model import depth, prores
 from andrea_jax.config import Config
@@ -100,8 +101,13 @@ def _tx_and_model(cfg: Config):
     if cfg.prores.scale_updates != "none" or hidden_lr != 1.0:
         scales = functools.partial(_block_update_scales, cfg, hidden_lr)
     optim_cfg = dataclasses.replace(cfg.optim, eps=cfg.optim.eps * depth.eps_scale(cfg.model))
-    return (optim.make(optim_cfg, cfg.train.steps, cfg.model.family, scales, n_layer=cfg.model.n_layer),
-            model_lib.Andrea(cfg.model, cfg.kernels.impl))
+    return (optim.make(optim_cfg, ramps.total(cfg), cfg.model.family, scales, n_layer=cfg.model.n_layer,
+                       clock=_clock(cfg)), model_lib.Andrea(cfg.model, cfg.kernels.impl))
+
+
+def _clock(cfg: Config):
+    """What the LR schedule reads of the completed steps: None (their count), or a ramp's token clock."""
+    return functools.partial(ramps.clock, cfg) if ramps.ramped(cfg) else None
 
 
 def _fresh_state(cfg: Config, rng) -> train_state.TrainState:
@@ -218,7 +224,7 @@ def make_train_step(cfg: Config, mesh: jax.sharding.Mesh, *, with_diagnostics: b
     tokenizers trained here; the trainer passes its run's)."""
     sharding.check(cfg, mesh)
     model = loss_model(cfg, diagnostics=with_diagnostics, scan_unroll=scan_unroll)
-    schedule = optim.lr_schedule(cfg.optim, cfg.train.steps)
+    schedule = optim.on_clock(optim.lr_schedule(cfg.optim, ramps.total(cfg)), _clock(cfg))
     state_sh = state_shardings(cfg, mesh)
 
     def train_step(state, tokens_BT1):

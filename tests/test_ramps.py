@@ -1,0 +1,171 @@
+"""Batch and sequence-length ramps (andrea_jax/ramps.py, docs/RAMPS.md): the plan of shapes and the
+token clock, the loader serving the changing shapes, refused settings, and a ramped run that compiles
+once per shape and resumes exactly mid-ramp."""
+
+import jax
+import numpy as np
+import pytest
+
+from andrea_jax import config as config_lib, configs, ramps
+from andrea_jax.data import loader
+from andrea_jax.errors import ConfigError
+from andrea_jax.model import prores
+from andrea_jax.train import budget, hooks, loop as trainer, optim, population, steps
+from andrea_jax.workdir import Workdir
+
+TOY = ["train.batch_size=4", "model.seq_len=16", "model.n_layer=2", "model.d_model=32", "model.n_head=4",
+       "model.vocab_size=300", "train.sample_tokens=0", "train.eval_batches=1", "diagnostics.tensorboard=false"]
+# Batch 2 until 64 tokens, length 8 until 128: steps 1-4 are 2x8, 5-6 are 4x8, then 4x16 (64 tokens a step).
+RAMP = ["train.batch_ramp=2@64", "model.seq_len_ramp=8@128"]
+
+
+def toy(*settings):
+    return config_lib.validate(config_lib.override(configs.load("tiny"), TOY + list(settings)))
+
+
+def test_the_plan_gives_each_step_its_shape_and_the_tokens_before_it():
+    cfg = toy(*RAMP, "train.steps=10")
+    assert [ramps.shape_at(cfg, s) for s in range(8)] == [(2, 8)] * 4 + [(4, 8)] * 2 + [(4, 16)] * 2
+    assert [ramps.tokens_at(cfg, s) for s in range(9)] == [0, 16, 32, 48, 64, 96, 128, 192, 256]
+    assert ramps.shapes(cfg) == [(2, 8), (4, 8), (4, 16)] and ramps.shapes(cfg, steps=4) == [(2, 8)]
+    assert ramps.steps_for_tokens(cfg, 200) == 8 and ramps.steps_for_tokens(cfg, 64) == 4
+    assert budget.resolve(toy(*RAMP, "train.tokens=200")).train.steps == 8   # train.tokens over the plan
+    # the clock: tokens seen in steps of the full shape (64 tokens), in the jitted step too
+    assert [float(ramps.clock(cfg, s)) for s in (0, 2, 5, 8)] == [0.0, 0.5, 1.5, 4.0]
+    assert [float(x) for x in jax.jit(lambda s: ramps.clock(cfg, s))(np.arange(9, dtype=np.int32))] == \
+        [t / 64 for t in (0, 16, 32, 48, 64, 96, 128, 192, 256)]
+    assert ramps.total(cfg) == 6.0  # step 10: 384 tokens
+    assert ramps.describe(cfg) == ("ramp: 3 step shape(s) (batch x seq_len), one compile each: 2x8 from step 1 "
+                                   "(0 tokens), 4x8 from step 5 (64 tokens), 4x16 from step 7 (128 tokens); "
+                                   "schedules count tokens seen, in steps of 64 tokens")
+    # evaluation and checkpoints every 2 full steps' tokens (128): at the steps that pass 128, 256, 384
+    assert [s for s in range(1, 11) if ramps.crosses(cfg, s, 2)] == [6, 8, 10]
+    assert not ramps.ramped(toy()) and ramps.plan(toy()) == (ramps.Segment(0, 0, 4, 16, None),)
+
+
+def test_with_constant_shapes_the_token_clock_gives_the_step_clocks_alphas_and_lrs():
+    # A "ramp" whose one stage is the full batch runs on the token clock at one shape: T and the LR's
+    # warmup and decay in tokens are the step clock's, and so are the alphas and LRs, exactly.
+    settings = ["prores.schedule=linear", "optim.warmup_steps=5", "train.steps=40", "optim.schedule=wsd"]
+    by_steps = toy(*settings, "prores.warmup=6")
+    by_tokens = toy(*settings, "prores.warmup_tokens=384", "train.batch_ramp=4@64")  # 384 = 6 steps of 4 x 16
+    assert ramps.ramped(by_tokens) and not ramps.ramped(by_steps)
+    step_v = np.arange(0, 41, dtype=np.int32)
+    alphas = lambda cfg: np.asarray(jax.vmap(lambda s: prores.run_alphas(cfg, s))(step_v))
+    np.testing.assert_array_equal(alphas(by_tokens), alphas(by_steps))
+    np.testing.assert_array_equal(alphas(toy(*settings, "prores.warmup_tokens=384")), alphas(by_steps))  # no ramp
+    assert 0 < alphas(by_steps)[7, 1] < 1  # mid-warmup, where a wrong clock would show
+    lrs = [jax.vmap(optim.on_clock(optim.lr_schedule(cfg.optim, ramps.total(cfg)), steps._clock(cfg)))(step_v)
+           for cfg in (by_tokens, by_steps)]
+    np.testing.assert_array_equal(*lrs)
+
+
+def test_the_optimizer_steps_at_the_lr_of_the_token_clock():
+    # Adam's step of a constant gradient is lr x sign(g) (times 1 / (1 + eps / |g|)), so each update of
+    # a parameter that decay does not touch (0) shows the LR the optimizer read: that of the ramp's
+    # tokens seen (steps 1-4 see a quarter step's tokens each), not of the step count.
+    cfg = toy(*RAMP, "train.steps=10", "optim.warmup_steps=3", "optim.schedule=wsd")
+    tx, params = steps._tx_and_model(cfg)[0], {"x": np.zeros(4, np.float32)}
+    opt_state, applied = tx.init(params), []
+    for step in range(8):
+        updates, opt_state = tx.update({"x": np.full(4, 0.5, np.float32)}, opt_state, params, step=step)
+        applied.append(-float(updates["x"][0]))
+    wanted = [float(optim.lr_schedule(cfg.optim, ramps.total(cfg))(ramps.clock(cfg, k))) for k in range(8)]
+    # float32 Adam (m / sqrt(v), eps) against the schedule: measured 5.8e-7 relative at most, here
+    np.testing.assert_allclose(applied, wanted, rtol=2e-6)
+    assert 0 < applied[5] < cfg.optim.lr   # step 6: 1.5 full steps' tokens, mid-warmup; step 6 by count is not
+
+
+def stream_of_windows(tokens, seq_len, seed, n_windows):
+    """The flat stream a ramp's steps read: the shuffled windows of the full length, in order."""
+    ids = loader.window_stream(loader.num_windows(len(tokens), seq_len), seed)
+    return loader.gather_windows(tokens, [ids[i] for i in range(n_windows)], seq_len)
+
+
+@pytest.mark.parametrize("process_count", [1, 2])
+def test_the_loader_serves_the_changing_shapes_without_skipping_or_repeating_a_token(process_count):
+    cfg = toy(*RAMP, "train.steps=10")
+    tokens = np.arange(16 * 40 + 1, dtype=np.int32)   # every token its own id: 40 windows of 16 + 1
+    stage = lambda step: (*ramps.shape_at(cfg, step), ramps.tokens_at(cfg, step) // 16)
+    shares = [loader.staged_dataset(tokens, seq_len=16, full_batch=4, seed=3, stage=stage, process_index=p,
+                                    process_count=process_count) for p in range(process_count)]
+    served = [np.concatenate([share[step] for share in shares]) for step in range(10)]
+    assert [b.shape for b in served] == [(2, 9)] * 4 + [(4, 9)] * 2 + [(4, 17)] * 4
+    windows = stream_of_windows(tokens, 16, 3, ramps.tokens_at(cfg, 10) // 16)   # [W, 17]
+    inputs = np.concatenate([b[:, :-1].ravel() for b in served])
+    targets = np.concatenate([b[:, 1:].ravel() for b in served])
+    np.testing.assert_array_equal(inputs, windows[:, :-1].ravel())
+    np.testing.assert_array_equal(targets, windows[:, 1:].ravel())
+    assert all(np.all(np.diff(b, axis=1) == 1) for b in served)   # each row is contiguous text
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("train.batch_ramp=3@64 model.seq_len_ramp=8@64",
+     "train.batch_ramp: a step of batch 3 x length 8 does not read whole windows of model.seq_len=16"),
+    ("train.batch_ramp=8@64", "train.batch_ramp: stage batch 8 exceeds train.batch_size=4"),
+    ("model.seq_len_ramp=6@64", "model.seq_len_ramp: stage length 6 must be below and divide model.seq_len=16"),
+    ("train.batch_ramp=2@64,2@32", "train.batch_ramp: stage '2@32' ends at 32 tokens, not after"),
+    ("model.seq_len_ramp=8", "model.seq_len_ramp: stage '8' must be SIZE@TOKENS"),
+])
+def test_a_ramp_that_cannot_run_is_refused_in_one_line_naming_it(setting, message):
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(")):
+        toy(*setting.split())
+
+
+def test_a_ramp_refuses_what_it_cannot_combine_with():
+    with pytest.raises(ConfigError, match=r"^model.seq_len_ramp: a population's schedules count steps, not tokens"):
+        population.check_structure([toy("model.seq_len_ramp=8@64")])
+    with pytest.raises(ConfigError, match=r"^train.flops: a FLOP budget is not resolved over train.batch_ramp"):
+        toy("train.batch_ramp=2@64", "train.flops=1e9")
+    with pytest.raises(ConfigError, match=r"^train.batch_ramp: stage batch 2 is not divisible by train.microb"):
+        toy("train.batch_ramp=2@64", "train.microbatches=4")
+
+
+def ramped_run(tmp_path, tok_path, name, *, stop_at=None, monkeypatch=None):
+    """A 10-step ramped toy run (ProRes and the LR mid-warmup over the ramp), checkpointed every 64
+    tokens (steps 4, 6, 7, ...) and evaluated every 128 (6, 8, 10); stop_at: raise after that step's
+    checkpoint, as a crash would."""
+    cfg = toy(*RAMP, "train.steps=10", "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=1",
+              "train.keep_checkpoints=10",
+              "prores.schedule=linear", "prores.warmup_tokens=256", "prores.scale_updates=alpha",
+              "optim.warmup_steps=3", f"data.tokenizer={tok_path}")
+    made, served = [], []
+    if monkeypatch is not None:   # keep the compiled steps, to count their compiles, and the shapes they were given
+        def make_train_step(*args, **kwargs):
+            step_fn = real(*args, **kwargs)
+            made.append(step_fn)
+            return lambda state, batch: served.append(batch.shape) or step_fn(state, batch)
+        real = trainer.make_train_step
+        monkeypatch.setattr(trainer, "make_train_step", make_train_step)
+
+    def crash(ctx, state, step, line):
+        raise RuntimeError(f"killed after step {step}")
+    extra = [hooks.Hook("crash", lambda step: step == stop_at, crash)] if stop_at else []
+    try:
+        lines = trainer.train(cfg, tmp_path / name, show_progress=False, extra_hooks=extra)
+    except RuntimeError as e:
+        assert str(e) == f"killed after step {stop_at}"
+        return cfg, None, made, served
+    return cfg, lines, made, served
+
+
+def test_a_ramped_run_compiles_once_per_listed_shape_and_resumes_exactly_mid_ramp(tmp_path, tok_path, monkeypatch,
+                                                                                  capsys):
+    cfg, straight, made, served = ramped_run(tmp_path, tok_path, "straight", monkeypatch=monkeypatch)
+    assert served == [(2, 9)] * 4 + [(4, 9)] * 2 + [(4, 17)] * 4   # each step's batch, of the plan's shape
+    assert ramps.describe(cfg) in capsys.readouterr().out.splitlines()   # the shapes, listed at startup
+    assert [made[0]._cache_size()] == [len(ramps.shapes(cfg))] == [3]   # one compile per shape
+    assert [l["tokens"] for l in straight] == [16, 32, 48, 64, 96, 128, 192, 256, 320, 384]
+    # the cadence counts tokens: checkpoints every 64 (1 full step), evaluations every 128
+    assert Workdir(tmp_path / "straight").checkpoint_steps() == [4, 6, 7, 8, 9, 10]
+    assert [l["step"] for l in straight if "val_loss" in l] == [6, 8, 10]
+
+    assert ramped_run(tmp_path, tok_path, "run", stop_at=4)[1] is None   # after the step-4 checkpoint: 2x8
+    capsys.readouterr()
+    resumed = ramped_run(tmp_path, tok_path, "run")[1]
+    assert "resumed at step 4" in capsys.readouterr().out
+    keys = ("step", "loss", "lr", "grad_norm", "tokens", "val_loss")
+    assert [[l.get(k) for k in keys] for l in resumed] == [[l.get(k) for k in keys] for l in straight[4:]]
+    np.testing.assert_array_equal(np.load(tmp_path / "run" / "step_losses.npy"),
+                                  np.load(tmp_path / "straight" / "step_losses.npy"))
+    assert 0 < straight[3]["lr"] and straight[0]["lr"] < straight[3]["lr"]  # the LR warmup spans the ramp
