@@ -1,4 +1,4 @@
-"""python train.py --config NAME_OR_PATH --workdir DIR [--set section.key=value ...]
+"""python train.py --config NAME_OR_PATH --workdir DIR [--set section.key=value ...] [--member NAME [SET ...] ...]
 
 The training command; its code is andrea_jax.cli, also installed as `andrea-train`.
 """

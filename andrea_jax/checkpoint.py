@@ -103,11 +103,13 @@ def format_version(step_dir: pathlib.Path) -> int:
     return version
 
 
-def restore_newest_readable(mngr: ocp.CheckpointManager, target_state) -> Restored | None:
+def restore_newest_readable(mngr: ocp.CheckpointManager, target_state, among=None) -> Restored | None:
     """The newest checkpoint that every process can read, placed like `target_state`; None if
-    there is no checkpoint. Raises CheckpointError when none of them can be read."""
+    there is no checkpoint. Raises CheckpointError when none of them can be read. `among`: only
+    these steps are tried (a population restores its members at one step)."""
     unreadable = []
-    for step in sorted(mngr.all_steps(), reverse=True):
+    steps = [s for s in mngr.all_steps() if among is None or s in among]
+    for step in sorted(steps, reverse=True):
         restored, reason = None, "unreadable on another process"
         try:
             format_version(pathlib.Path(mngr.directory) / str(step))

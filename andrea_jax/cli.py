@@ -1,5 +1,9 @@
 """Command line: python train.py --config NAME_OR_PATH --workdir DIR [--set section.key=value ...]
 
+A population of small models trains in one process when each member is given as `--member NAME
+[SECTION.KEY=VALUE ...]` (its run folder WORKDIR/NAME, then its own overrides after --set's):
+andrea_jax.train.population_loop, docs/POPULATIONS.md.
+
 Several processes (hosts) train one model when each is started with the same --coordinator and
 --num-processes and its own --process-id (or with --distributed on a cluster that JAX detects,
 such as SLURM). On CPU the processes talk over gloo.
@@ -43,6 +47,9 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", required=True, help="folder for metrics, checkpoints, tokenizer, config")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config field; repeatable")
+    parser.add_argument("--member", action="append", nargs="+", default=[], metavar=("NAME", "SECTION.KEY=VALUE"),
+                        help="one member of a population trained by one vmapped step: its run folder WORKDIR/NAME, "
+                             "then its own overrides (after --set's); repeat per member (docs/POPULATIONS.md)")
     parser.add_argument("--coordinator", help="HOST:PORT of process 0, for a multi-process run")
     parser.add_argument("--num-processes", type=int, help="number of processes (with --coordinator)")
     parser.add_argument("--process-id", type=int, help="this process's index (with --coordinator)")
@@ -58,6 +65,8 @@ def main(argv=None) -> int:
         parser.error("give --config, or --fork-from (the fork's config is its parent's)")
     if args.fork_from and (args.coordinator or args.distributed):
         parser.error("--fork-from prepares the new workdir in one process: fork with one, then resume with several")
+    if args.member and (args.fork_from or args.coordinator or args.distributed):
+        parser.error("--member trains a population in one process, from --config")
     if args.debug:
         return run(args)
     try:
@@ -75,31 +84,52 @@ def fail(message: str, code: int) -> int:
 
 
 def run(args) -> int:
+    """Trains one run, or with --member a population: `runs` is [(folder, config, its --set)], the
+    workdir itself for a solo run."""
     if args.fork_from:
         startup.import_jax()
         from andrea_jax.train import fork
-        cfg = fork.prepare(args.fork_from, args.workdir, args.set)
+        runs = [(args.workdir, fork.prepare(args.fork_from, args.workdir, args.set), args.set)]
     else:
-        cfg = config_lib.validate(config_lib.override(configs.load(args.config), args.set))
-    if cfg.train.deterministic:  # read by XLA once, when jax first starts a backend
+        base = configs.load(args.config)
+        members = [(name, [*args.set, *sets]) for name, *sets in args.member] or [(None, args.set)]
+        runs = [(args.workdir if name is None else os.path.join(args.workdir, name), validated(base, sets, name), sets)
+                for name, sets in members]
+    if runs[0][1].train.deterministic:  # read by XLA once, when jax first starts a backend
         os.environ["XLA_FLAGS"] = startup.with_deterministic_flags(os.environ.get("XLA_FLAGS", ""))
     startup.import_jax()
     from andrea_jax.train import budget  # imports jax (through workdir): after import_jax, which keeps it quiet
-    cfg = budget.resolve(cfg, explicit=args.set, workdir=args.workdir)  # once, before anything compiles
+    # once, before anything compiles
+    cfgs = [budget.resolve(cfg, explicit=sets, workdir=folder) for folder, cfg, sets in runs]
     if args.coordinator or args.distributed:
         start_distributed(args)
     startup.start_jax()
-    budget.announce(cfg)
+    budget.announce(cfgs[0])
     from andrea_jax.serve import generate
-    from andrea_jax.train import loop, preemption  # after validation: a bad config fails before jax starts work
-    extra_hooks = training_hooks(cfg)  # reads train.eval_tasks: a bad task file fails before training
+    # after validation: a bad config fails before jax starts work
+    from andrea_jax.train import loop, population_loop, preemption
+    extra_hooks = training_hooks(cfgs[0])  # reads train.eval_tasks: a bad task file fails before training
+    common = dict(allow_schedule_change=args.allow_schedule_change, at_end=generate.closing_sample,
+                  extra_hooks=extra_hooks)
     try:
-        loop.train(cfg, args.workdir, allow_schedule_change=args.allow_schedule_change,
-                   at_end=generate.closing_sample, extra_hooks=extra_hooks)
+        if args.member:
+            population_loop.train(list(zip([name for name, *_ in args.member], cfgs)), args.workdir, **common)
+        else:
+            loop.train(cfgs[0], args.workdir, **common)
     except preemption.Stopped as e:
         print(e, file=sys.stderr, flush=True)
         return e.exit_code
     return 0
+
+
+def validated(base: config_lib.Config, sets: list[str], member: str | None) -> config_lib.Config:
+    """`base` with the overrides, validated; a member's error names the member."""
+    try:
+        return config_lib.validate(config_lib.override(base, sets))
+    except ConfigError as e:
+        if member is None or isinstance(e, MissingExtraError):
+            raise
+        raise ConfigError(f"--member {member}: {e}") from None
 
 
 def training_hooks(cfg: config_lib.Config) -> tuple:

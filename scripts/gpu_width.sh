@@ -5,8 +5,12 @@
 # at the end the report (RESULTS.md, summary.json) goes to $OUT too.
 #
 #   bash scripts/gpu_wheels.sh        # here, once: the data stack's wheels into .whl/
-#   device run, carry [".whl"]:  bash scripts/gpu_width.sh
-#   bash scripts/gpu_width.sh --smoke [--set K=V ...]  # on a CPU: the toy form (2 arms, 1 seed, a few steps)
+#   device run, carry [".whl"]:  bash scripts/gpu_width.sh [--pack N]
+#   bash scripts/gpu_width.sh --smoke [--pack N] [--set K=V ...]  # on a CPU: the toy form (2 arms, 1 seed, a few steps)
+#
+# --pack N trains up to N runs that differ only in settings a population takes (here the LR and
+# prores.scale_updates: the `none` arms in one process, the 4 linear ones in another at --pack 4)
+# as the members of one population, one vmapped step for all (docs/POPULATIONS.md).
 set -u
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu_width_results}"
@@ -18,12 +22,22 @@ if ! "$py" -c "import grain, tensorflow_datasets" 2> /dev/null; then  # the GPU 
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
+smoke=0
 if [ "${1:-}" = "--smoke" ]; then
+  smoke=1
+  shift
+fi
+pack=()
+if [ "${1:-}" = "--pack" ]; then
+  pack=(--pack "$2")
+  shift 2
+fi
+if [ "$smoke" = 1 ]; then
   export JAX_PLATFORMS=cpu
-  args=(--toy --jobs 1 "${@:2}")
+  args=(--toy --jobs 1 "${pack[@]}" "$@")
 else
   export XLA_PYTHON_CLIENT_PREALLOCATE=false  # three processes share the GPU
-  args=(--jobs 3)
+  args=(--jobs 3 "${pack[@]}")
   nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt"
 fi
 

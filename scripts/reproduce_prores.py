@@ -28,6 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andrea_jax.repro import experiments, runner  # noqa: E402
+from andrea_jax.errors import ConfigError  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -37,6 +38,8 @@ def main(argv=None) -> int:
                         help="number of seeds (0..N-1); default: the experiment's")
     parser.add_argument("--arms", nargs="+", default=None, help="only these arms (default: all)")
     parser.add_argument("--jobs", type=int, default=2, help="runs trained at once")
+    parser.add_argument("--pack", type=int, default=1, metavar="N",
+                        help="train up to N runs a population can hold in one process (accelerators; sweep --pack)")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs", help="folder of RESULTS.md")
     parser.add_argument("--runs", type=pathlib.Path, default=ROOT / "runs" / "prores_repro")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -73,7 +76,12 @@ def main(argv=None) -> int:
         (runs_dir / "experiment.json").write_text(json.dumps(
             {"toy": args.toy, "seeds": seeds, "arms": arms, "extra": args.set, "jobs": args.jobs}, indent=1))
         seconds = runner.precheck(exp, runs_dir, code, args.set, args.jobs) if exp.precheck_steps else 0.0
-        seconds += runner.run_all(runner.plan(exp, runs_dir, seeds, arms, args.set), code, args.jobs)
+        try:
+            seconds += runner.run_all(runner.plan(exp, runs_dir, seeds, arms, args.set), code, args.jobs,
+                                      pack=args.pack)
+        except ConfigError as e:  # --pack: a run no population can train
+            print(f"config error: {e}", file=sys.stderr)
+            return 2
         wall = runs_dir / "wall.json"  # summed over the invocations that trained
         before = json.loads(wall.read_text())["seconds"] if wall.is_file() else 0.0
         wall.write_text(json.dumps({"seconds": before + seconds}))

@@ -148,3 +148,23 @@ def test_a_compile_puts_back_the_kernels_target_it_found_an_exception_included(m
         assert (platform.TARGET_BACKEND, platform.TARGET_COMPUTE_CAPABILITY) == ("gpu", 80)
     assert seen == [("cpu", 90), ("cpu", 90)]
     assert (platform.TARGET_BACKEND, platform.TARGET_COMPUTE_CAPABILITY) == (None, None)
+
+
+def test_a_population_reports_its_memory_and_n_members_peak_above_one():
+    """--population N compiles the population's vmapped train step (here for the CPU, which needs no
+    plugin): N members hold N states, so the peak grows with N, and the description says it is a population."""
+    import jax
+
+    from andrea_jax import config as config_lib, configs
+    from andrea_jax.aot.__main__ import describe
+
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), [
+        "model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.seq_len=16", "train.batch_size=4",
+        "model.vocab_size=300"]))
+    compile_cpu = lambda n: aot.compile_steps(cfg, jax.devices("cpu")[:1], backend="cpu", population=n)
+    (one,), (four,) = compile_cpu(1), compile_cpu(4)
+    assert one.step == four.step == "train" and one.flops is None
+    assert four.peak_bytes > one.peak_bytes and four.argument_bytes > 3.5 * one.argument_bytes
+    lines = describe(cfg, "h200", 1, [four], population=4)
+    assert lines[1].startswith("population of 4 members: one vmapped train step")
+    assert lines[2].startswith("train step: compiled in") and f"peak {four.peak_bytes / 2**30:.2f} GiB" in lines[2]

@@ -1,10 +1,11 @@
 """The GPU benchmark machine has jax, flax, optax and orbax but no grain, TFDS, tokenizers or tqdm:
 the benchmarks must run without them, on synthetic tokens; `gpu_all.sh --smoke` runs every phase
-of the GPU command on CPU at tiny shapes. The CPU benchmarks decode.py, step.py and data.py run at
-toy sizes and print what they measure. And the MFU's FLOP count, checked by hand."""
+of the GPU command on CPU at tiny shapes. The CPU benchmarks decode.py, step.py, data.py and population.py
+run at toy sizes and print what they measure. And the MFU's FLOP count, checked by hand."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -230,3 +231,20 @@ def test_hlo_match_tells_two_programs_apart_and_an_identical_one_from_itself():
     assert hlo_match.differences(hlo_match.signatures(one), hlo_match.signatures(again)) == []
     diff = hlo_match.differences(hlo_match.signatures(one), hlo_match.signatures(other))
     assert diff and all(a != b for _, a, b in diff) and sum(a for _, a, _ in diff) >= 1
+
+
+def test_population_benchmark_prints_member_steps_per_second_of_every_side():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "population.py"), "--members", "2", "--steps", "2",
+                           "--cores", "1", "--set", "model.n_layer=2"], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.startswith("population benchmark: 2 members of depth:family=tiny,layers=24 model.n_layer=2"), out
+    rates = {side: float(re.search(rf"^{side}: .* ([0-9.]+) member-steps/s$", out, re.M).group(1))
+             for side in ("solo", "population", "solo processes")}
+    assert all(r > 0 for r in rates.values()), out
+    # equal work: 2 x 2 solo steps, in this process and over the one process
+    assert "(median of 4)" in out and "median of 2 steps of 2 members" in out and "(median of 4 each)" in out
+    for side in ("solo", "solo processes"):
+        ratio = float(re.search(rf"^population / {side}: ([0-9.]+)x", out, re.M).group(1))
+        assert ratio == pytest.approx(rates["population"] / rates[side], rel=0.02, abs=0.01)

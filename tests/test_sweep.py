@@ -2,6 +2,7 @@
 2 seeds, trained 2 at a time on the CPU: killed mid-run, the rerun resumes the stopped runs from
 their checkpoints and retrains none of the finished ones; the report pairs each arm with the
 baseline of its group; --slurm writes one array task per run with the runner's command."""
+import dataclasses
 import itertools
 import json
 import math
@@ -253,3 +254,47 @@ def test_each_run_holds_its_own_gpus_while_it_runs(tmp_path, monkeypatch):
             assert a["devices"] != b["devices"]
     moments = sorted(t for r in results for t in (r["started"], r["ended"]))
     assert max(sum(r["started"] <= t < r["ended"] for r in results) for t in moments) == 2
+
+
+def test_pack_groups_the_runs_a_population_can_hold_and_refuses_one_no_population_can(tmp_path):
+    """--pack N, planned without training: the GPU experiment's 6 arms are `none` (no ProRes) and 4 linear
+    ones that differ only in the LR and prores.scale_updates, which a population holds per member."""
+    runs = runner.plan(experiments.GPU_WIDTH, tmp_path)
+    assert runner.packs(runs, 3) == [["none_s0", "none_lr3e-4_s0"],
+                                     ["linear_alpha_s0", "linear_s0", "linear_alpha_lr3e-4_s0"], ["linear_lr3e-4_s0"]]
+    assert runner.packs(runs, 6) == [["none_s0", "none_lr3e-4_s0"],
+                                     ["linear_alpha_s0", "linear_s0", "linear_alpha_lr3e-4_s0", "linear_lr3e-4_s0"]]
+    assert runner.packs(runs, 1) == [[name] for name in runs]
+    # Two seeds read two data orders: their runs never share a population.
+    seeds = runner.plan(experiments.GPU_WIDTH, tmp_path, seeds=[0, 1], arms=["none", "none_lr3e-4"])
+    assert runner.packs(seeds, 4) == [["none_s0", "none_lr3e-4_s0"], ["none_s1", "none_lr3e-4_s1"]]
+    command = runner.pack_command(runs, ["none_s0", "none_lr3e-4_s0"])
+    assert command[command.index("--workdir") + 1] == str(tmp_path)
+    members = [i for i, a in enumerate(command) if a == "--member"]
+    assert [command[i + 1] for i in members] == ["none_s0", "none_lr3e-4_s0"]
+    assert command[members[1] + 2:] == runner.command_parts(runs["none_lr3e-4_s0"][0])[1]
+    muon = dataclasses.replace(experiments.GPU_WIDTH, arms={"none": ("prores.schedule=none",),
+                                                            "muon": ("prores.schedule=none", "optim.name=muon")})
+    with pytest.raises(ConfigError, match=r"--pack: run muon_s0 cannot be trained in a population \(optim\.name"):
+        runner.packs(runner.plan(muon, tmp_path), 2)
+
+
+def test_a_pack_trains_as_one_population_and_a_rerun_finds_its_runs_done(tmp_path, tok_path):
+    exp = experiments.toy(dataclasses.replace(experiments.GPU_WIDTH, arms={
+        "lr1e-3": ("prores.schedule=linear", "optim.lr=1e-3"),
+        "lr3e-3_alpha": ("prores.schedule=linear", "optim.lr=3e-3", "prores.scale_updates=alpha")}))
+    runs = runner.plan(exp, tmp_path / "gpu_width", extra=["model.vocab_size=300", f"data.tokenizer={tok_path}"])
+    runner.snapshot_code(ROOT, tmp_path / "code")
+    logged = []
+    runner.run_all(runs, tmp_path / "code", 1, logged.append, pack=2)
+    assert logged[0] == "0 of 2 runs already done; training 2, 1 at a time, in 1 processes of up to 2 runs (--pack)"
+    for name, (command, workdir, steps) in runs.items():
+        result = json.loads((workdir / "result.json").read_text())
+        assert result["outcome"] == "finished" and result["pack"] == list(runs), result
+        assert result["command"] == shlex.join(command[1:])  # its own: a rerun without --pack finds it done too
+        assert "ANDREA population: 2 members" in (workdir / "train.log").read_text()
+        config = json.loads((workdir / "config.json").read_text())
+        assert config["optim"]["lr"] == float(name[2:6]) and config["train"]["steps"] == steps
+    logged.clear()
+    runner.run_all(runs, tmp_path / "code", 1, logged.append)
+    assert logged == ["2 of 2 runs already done; training 0, 1 at a time"]

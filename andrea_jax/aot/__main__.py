@@ -16,6 +16,8 @@ be; the kernels in the program. The peak excludes cuBLAS / cuDNN workspace and t
 With --roofline, each step's roofline bound (andrea_jax/aot/roofline.py): per device, the time no
 run of the compiled program can beat at the target's datasheet FLOP/s and bandwidth, the MFU that
 bound allows, and the 10 kernels that bound most, each compute- or memory-bound.
+`--population N` compiles the train step of a population of N members of the config instead (one
+vmapped step, andrea_jax.train.population): the memory a population of small models needs.
 
 Exit 0: every step compiled and fits; 1: a step does not compile, or its peak exceeds the memory
 JAX would give it (the target's memory x XLA_PYTHON_CLIENT_MEM_FRACTION, 0.75 unless set); 2: a
@@ -44,17 +46,20 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def describe(cfg, target: str, n_devices: int, reports: list[StepReport]) -> list[str]:
+def describe(cfg, target: str, n_devices: int, reports: list[StepReport], population: int = 0) -> list[str]:
     from andrea_jax.train import mfu as mfu_lib
 
     memory = target_memory(target)
     usable = memory * mem_fraction()
     kind = target_kind(target)
     tokens = cfg.train.batch_size * cfg.model.seq_len
-    model_flops = mfu_lib.model_flops_per_token(cfg.model) * tokens
+    model_flops = mfu_lib.model_flops_per_token(cfg.model) * tokens * max(1, population)
     peak_flops = mfu_lib.peak_flops(kind) or 0.0
     lines = [f"target {target} ({kind}) x {n_devices}: {gib(memory)} per GPU, {gib(usable)} usable at "
              f"XLA_PYTHON_CLIENT_MEM_FRACTION={mem_fraction():g}"]
+    if population:
+        lines.append(f"population of {population} member{'s' * (population != 1)}: one vmapped train step on a "
+                     "shared batch (andrea_jax.train.population); FLOPs below are all members'")
     for r in reports:
         lines.append(f"{r.step} step: compiled in {r.compile_s:.1f} s; per device: arguments {gib(r.argument_bytes)}, "
                      f"outputs {gib(r.output_bytes)}, aliased {gib(r.alias_bytes)}, temporaries {gib(r.temp_bytes)}, "
@@ -74,11 +79,34 @@ def describe(cfg, target: str, n_devices: int, reports: list[StepReport]) -> lis
     return lines
 
 
-def step_model_flops(cfg, step: str) -> float:
-    """The model's FLOPs in one run of a step, as mfu.py counts them: the eval step is the forward, a third."""
+def step_model_flops(cfg, step: str, population: int = 0) -> float:
+    """The model's FLOPs in one run of a step, as mfu.py counts them: the eval step is the forward, a third;
+    a population's train step, every member's."""
     from andrea_jax.train import mfu as mfu_lib
     per_step = mfu_lib.model_flops_per_token(cfg.model) * cfg.train.batch_size * cfg.model.seq_len
-    return per_step if step == "train" else per_step / 3
+    return per_step * max(1, population) if step == "train" else per_step / 3
+
+
+def write_outputs(args, cfg, reports: list[StepReport]) -> None:
+    """What the command prints or writes besides the description: --roofline, --dump-hlo, --json."""
+    bounds = {r.step: roofline.roofline(r.hlo, args.target) for r in reports} if args.roofline else {}
+    per_device = lambda step: step_model_flops(cfg, step, args.population) / args.devices
+    for step, bound in bounds.items():
+        print(f"{step} step " + "\n".join(bound.lines(per_device(step))), flush=True)
+    if args.dump_hlo:
+        os.makedirs(args.dump_hlo, exist_ok=True)
+        for r in reports:
+            with open(os.path.join(args.dump_hlo, f"{r.step}.hlo"), "w") as f:
+                f.write(r.hlo)
+    if args.json:
+        from andrea_jax.train import sharding
+        with open(args.json, "a") as f:
+            for r in reports:
+                bound = {"roofline": bounds[r.step].as_dict(per_device(r.step))} if r.step in bounds else {}
+                f.write(json.dumps({"target": args.target, "config": args.config, "set": args.set,
+                                    "devices": args.devices, "mesh": list(sharding.mesh_shape(cfg.mesh, args.devices)),
+                                    **({"population": args.population} if args.population else {}),
+                                    **r.as_dict(), **bound}) + "\n")
 
 
 def main(argv=None) -> int:
@@ -91,6 +119,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-eval", action="store_true", help="compile the train step only")
     parser.add_argument("--json", help="also append one JSON line per step to this file")
     parser.add_argument("--dump-hlo", help="write each step's optimized HLO to DIR/STEP.hlo")
+    parser.add_argument("--population", type=int, default=0, metavar="N",
+                        help="the train step of a population of N members of the config instead (one vmapped step, "
+                             "andrea_jax.train.population; its members evaluate with the solo eval step)")
     parser.add_argument("--roofline", action="store_true",
                         help="print each step's roofline bound and its 10 costliest kernels (aot/roofline.py)")
     args = parser.parse_args(argv)
@@ -115,6 +146,10 @@ def main(argv=None) -> int:
     if args.devices < 1:
         print(f"config error: --devices {args.devices}: need at least 1", file=sys.stderr)
         return 2
+    if args.population < 0:
+        print(f"config error: --population {args.population}: need at least 1 member (0: no population)",
+              file=sys.stderr)
+        return 2
     try:
         devices = gpu_devices(args.target, args.devices)
     except (ValueError, NotImplementedError, RuntimeError) as e:
@@ -122,7 +157,7 @@ def main(argv=None) -> int:
         print(f"error: no {args.target} topology: {' '.join(str(e).split())}{hint}", file=sys.stderr)
         return 1 if not isinstance(e, ValueError) else 2
     try:
-        reports = compile_steps(cfg, devices, eval_step=not args.no_eval,
+        reports = compile_steps(cfg, devices, eval_step=not args.no_eval, population=args.population,
                                 compute_capability=target_compute_capability(args.target))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
@@ -132,25 +167,9 @@ def main(argv=None) -> int:
         print(f"error: {args.config} does not compile for {args.target}: {type(e).__name__}: {first[:400]}",
               file=sys.stderr)
         return 1
-    for line in describe(cfg, args.target, args.devices, reports):
+    for line in describe(cfg, args.target, args.devices, reports, args.population):
         print(line, flush=True)
-    bounds = {r.step: roofline.roofline(r.hlo, args.target) for r in reports} if args.roofline else {}
-    for step, bound in bounds.items():
-        print(f"{step} step " + "\n".join(bound.lines(step_model_flops(cfg, step) / args.devices)), flush=True)
-    if args.dump_hlo:
-        os.makedirs(args.dump_hlo, exist_ok=True)
-        for r in reports:
-            with open(os.path.join(args.dump_hlo, f"{r.step}.hlo"), "w") as f:
-                f.write(r.hlo)
-    if args.json:
-        from andrea_jax.train import sharding
-        with open(args.json, "a") as f:
-            for r in reports:
-                bound = {"roofline": bounds[r.step].as_dict(step_model_flops(cfg, r.step) / args.devices)} \
-                    if r.step in bounds else {}
-                f.write(json.dumps({"target": args.target, "config": args.config, "set": args.set,
-                                    "devices": args.devices, "mesh": list(sharding.mesh_shape(cfg.mesh, args.devices)),
-                                    **r.as_dict(), **bound}) + "\n")
+    write_outputs(args, cfg, reports)
     usable = target_memory(args.target) * mem_fraction()
     over = [r for r in reports if r.peak_bytes > usable]
     if over:

@@ -84,13 +84,15 @@ def xla_flops(cfg, mesh, state, tokens) -> float | None:
 
 
 def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = True,
-                  backend: str = "gpu", compute_capability: int | None = None) -> list[StepReport]:
-    """The train step (and the eval step) of cfg, compiled for `devices` (of `backend`), with abstract inputs."""
+                  backend: str = "gpu", compute_capability: int | None = None, population: int = 0) -> list[StepReport]:
+    """The train step (and the eval step) of cfg, compiled for `devices` (of `backend`), with abstract inputs.
+    population N > 0: the train step of a population of N members of cfg (andrea_jax.train.population,
+    one vmapped step), alone: its members evaluate with the solo eval step, and XLA's FLOPs are not counted."""
     import jax
     import numpy as np
 
     from andrea_jax.kernels import platform
-    from andrea_jax.train import sharding, steps
+    from andrea_jax.train import population as population_lib, sharding, steps
 
     # gpu: Pallas through Triton, cuDNN attention where it applies, jax-triton's kernels for the
     # capability; the caller's target is back afterwards
@@ -99,6 +101,11 @@ def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = T
         state = steps.abstract_state(cfg, mesh)
         tokens = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.model.seq_len + 1), np.int32,
                                       sharding=steps.batch_sharding(cfg, mesh))
+        if population:
+            members = [cfg] * population
+            lowered = population_lib.make_train_step(members, mesh).lower(
+                population_lib.abstract_state(members, mesh), tokens)
+            return [_report("train", lowered)]
         reports = [_report("train", steps.make_train_step(cfg, mesh).lower(state, tokens),
                            xla_flops(cfg, mesh, state, tokens) if count_flops else None)]
         if eval_step:

@@ -5,6 +5,11 @@ down), started from a frozen copy of the code (RUNS/code) so that edits to the t
 trains change nothing. A run leaves RUNS/NAME/result.json with its command and return code; a
 rerun skips every run whose result.json holds the same command and an outcome (finished, or
 stopped by a non-finite loss: divergence is a result, not a failure to retry).
+
+With `pack` > 1 (`--pack N` of the sweep and the reproduction script, for accelerators), runs that
+differ only in settings a population takes train N to a process as the members of one population
+(train.py --member, andrea_jax/train/population_loop.py), each still in its own folder with its
+own result.json; on a CPU one process per core measures faster (docs/POPULATIONS.md).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from andrea_jax.errors import ConfigError
 from andrea_jax.workdir import Workdir
 
 CODE = ("andrea_jax", "kernels", "configs", "train.py", "pyproject.toml")
@@ -75,6 +81,8 @@ def _classify(workdir: pathlib.Path, returncode: int, steps: int) -> str:
     metrics = Workdir(workdir).metrics
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
     last = json.loads(lines[-1]) if lines else {}
+    if last.get("frozen"):  # a population's member that met a non-finite loss (andrea_jax.train.population)
+        return "diverged"
     if returncode == 0 and last.get("step") == steps and "val_loss" in last:
         return "finished"
     log = (workdir / "train.log").read_text()[-3000:] if (workdir / "train.log").is_file() else ""
@@ -90,26 +98,117 @@ def _python_path(code: pathlib.Path) -> str:
 COMMAND = "command.txt"  # a run's command, written when it starts: what a resumed run must match
 
 
+def _same_command(workdir: pathlib.Path, command: list) -> bool:
+    return (workdir / COMMAND).is_file() and (workdir / COMMAND).read_text() == shlex.join(command[1:])
+
+
+def _ready(workdir: pathlib.Path, command: list, resume: bool) -> None:
+    """A stopped or outdated run's folder is emptied; with `resume`, a stopped run of the same command is kept."""
+    if workdir.exists() and not (resume and _same_command(workdir, command)):
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / COMMAND).write_text(shlex.join(command[1:]))
+
+
+def _timed(command: list, code: pathlib.Path, log_path: pathlib.Path, resume: bool, env: dict | None) -> dict:
+    """Runs `command` from the code snapshot, its output into log_path: its return code, and where and
+    when it ran (which GPUs it held, and the wall-clock span they were held)."""
+    start, started = time.perf_counter(), time.time()
+    with log_path.open("a" if resume else "w") as log:
+        rc = subprocess.run(command, cwd=code, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": _python_path(code), **(env or {})}).returncode
+    return {"returncode": rc, "seconds": time.perf_counter() - start,
+            "devices": (env or {}).get("CUDA_VISIBLE_DEVICES"), "started": started, "ended": time.time()}
+
+
+def _record(command: list, workdir: pathlib.Path, steps: int, ran: dict, **extra) -> dict:
+    result = {"command": shlex.join(command[1:]), "returncode": ran["returncode"], "seconds": ran["seconds"],
+              "outcome": _classify(workdir, ran["returncode"], steps),
+              **{k: ran[k] for k in ("devices", "started", "ended")}, **extra}
+    (workdir / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def train_one(command: list, workdir: pathlib.Path, code: pathlib.Path, steps: int, *, resume: bool = False,
               env: dict | None = None) -> dict:
     """Trains one run in its own process. A stopped or outdated run restarts from scratch, or,
     with `resume`, a stopped run of the same command continues from its newest checkpoint
     (train.py resumes by itself); env: extra environment (e.g. CUDA_VISIBLE_DEVICES)."""
-    same = (workdir / COMMAND).is_file() and (workdir / COMMAND).read_text() == shlex.join(command[1:])
-    if workdir.exists() and not (resume and same):
-        shutil.rmtree(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / COMMAND).write_text(shlex.join(command[1:]))
-    start, started = time.perf_counter(), time.time()
-    with (workdir / "train.log").open("a" if resume else "w") as log:
-        rc = subprocess.run(command, cwd=code, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": _python_path(code), **(env or {})}).returncode
-    result = {"command": shlex.join(command[1:]), "returncode": rc, "seconds": time.perf_counter() - start,
-              "outcome": _classify(workdir, rc, steps),
-              # where and when it ran: which GPUs it held, and the wall-clock span they were held
-              "devices": (env or {}).get("CUDA_VISIBLE_DEVICES"), "started": started, "ended": time.time()}
-    (workdir / "result.json").write_text(json.dumps(result, indent=1))
-    return result
+    _ready(workdir, command, resume)
+    return _record(command, workdir, steps, _timed(command, code, workdir / "train.log", resume, env))
+
+
+def command_parts(command: list) -> tuple[str, list[str]]:
+    """(--config, the --set values) of a train_command."""
+    config = command[command.index("--config") + 1]
+    return config, [command[i + 1] for i, a in enumerate(command) if a == "--set"]
+
+
+def pack_command(runs: dict, names: list[str]) -> list:
+    """train.py's command that trains the runs `names` of {name: (command, workdir, steps)} as one
+    population: --workdir their folders' common parent, each run a --member with its folder's path
+    under it and its own --set values."""
+    root = pathlib.Path(os.path.commonpath([runs[n][1] for n in names]))
+    members = [a for n in names for a in ("--member", str(runs[n][1].relative_to(root)), *command_parts(runs[n][0])[1])]
+    return [sys.executable, "train.py", "--config", command_parts(runs[names[0]][0])[0], "--workdir", str(root),
+            *members]
+
+
+def packs(runs: dict, n: int, *, resume: bool = False) -> list[list[str]]:
+    """The runs of {name: (command, workdir, steps)} in packs of at most n that one population
+    process trains (andrea_jax.train.population): the same --config and settings but for
+    population.PER_MEMBER's, one data order, and with `resume` the same newest checkpoint of the
+    same command; first fit, in the runs' order. ConfigError names a run no population can train."""
+    from andrea_jax import config as config_lib, configs
+    from andrea_jax.train import population
+
+    def fits(cfgs) -> bool:
+        try:
+            population.check_structure(cfgs)
+        except ConfigError:
+            return False
+        return True
+
+    made = []  # (key, names, configs)
+    for name, (command, workdir, _) in runs.items():
+        config, sets = command_parts(command)
+        cfg = config_lib.validate(config_lib.override(configs.load(config), sets))
+        try:
+            population.check_structure([cfg])
+        except ConfigError as e:
+            raise ConfigError(f"--pack: run {name} cannot be trained in a population ({e}); "
+                              "train it without --pack") from None
+        at = Workdir(workdir).checkpoint_steps() if resume and _same_command(workdir, command) else []
+        key = (config, at[-1] if at else 0)
+        pack = next((p for p in made if p[0] == key and len(p[1]) < n and fits([*p[2], cfg])), None)
+        if pack is None:
+            made.append((key, [name], [cfg]))
+        else:
+            pack[1].append(name)
+            pack[2].append(cfg)
+    return [names for _, names, _ in made]
+
+
+def train_pack(names: list[str], runs: dict, code: pathlib.Path, *, resume: bool = False,
+               env: dict | None = None) -> dict[str, dict]:
+    """Trains the runs `names` of {name: (command, workdir, steps)} in one population process
+    (pack_command). Each member's folder is left as train_one leaves a run's: its own command in
+    COMMAND and result.json (so a rerun, with --pack or without, finds it done or resumes it), and
+    the process's output as its train.log; result.json names the pack."""
+    for name in names:
+        _ready(runs[name][1], runs[name][0], resume)
+    first = runs[names[0]][1] / "train.log"
+    offset = first.stat().st_size if resume and first.is_file() else 0
+    ran = _timed(pack_command(runs, names), code, first, resume, env)
+    output = first.read_bytes()[offset:]
+    results = {}
+    for name in names:
+        command, workdir, steps = runs[name]
+        if name != names[0]:
+            with (workdir / "train.log").open("ab" if resume else "wb") as log:
+                log.write(output)
+        results[name] = _record(command, workdir, steps, ran, pack=names)
+    return results
 
 
 def plan(exp, runs_dir: pathlib.Path, seeds=None, arms=None, extra=()) -> dict:
@@ -149,34 +248,39 @@ def steps_of(sets) -> int:
 
 
 def run_all(runs: dict, code: pathlib.Path, jobs: int, log=print, *, resume: bool = False,
-            device_sets: list[str] | None = None) -> float:
+            device_sets: list[str] | None = None, pack: int = 1) -> float:
     """Trains every run of {name: (command, workdir, steps)} that has no outcome yet, `jobs` at a
     time, in the order given (`resume`: see train_one). device_sets: one CUDA_VISIBLE_DEVICES
     value per concurrent slot (then jobs = len(device_sets)); each run holds one while it trains.
+    pack > 1: up to `pack` runs that can be trained together (`packs`) train in one population
+    process, which holds one slot (for accelerators; on a CPU one process per core is faster).
     Returns the wall-clock seconds spent."""
     todo = [n for n, (cmd, wd, _) in runs.items() if outcome(wd, cmd) is None]
     jobs = len(device_sets) if device_sets else jobs
-    log(f"{len(runs) - len(todo)} of {len(runs)} runs already done; training {len(todo)}, {jobs} at a time")
+    units = packs({n: runs[n] for n in todo}, pack, resume=resume) if pack > 1 else [[n] for n in todo]
+    log(f"{len(runs) - len(todo)} of {len(runs)} runs already done; training {len(todo)}, {jobs} at a time"
+        + (f", in {len(units)} processes of up to {pack} runs (--pack)" if pack > 1 else ""))
     if not todo:
         return 0.0  # no wall time spent training: the reports' wall time stays as it was
     free = queue.Queue()
     for devices in device_sets or [None] * max(1, jobs):
         free.put(devices)
 
-    def on_a_slot(name):
+    def on_a_slot(unit: list[str]) -> dict[str, dict]:
         devices = free.get()
         try:
             env = None if devices is None else {"CUDA_VISIBLE_DEVICES": devices}
-            command, workdir, steps = runs[name]
-            return train_one(command, workdir, code, steps, resume=resume, env=env)
+            if len(unit) > 1:
+                return train_pack(unit, runs, code, resume=resume, env=env)
+            command, workdir, steps = runs[unit[0]]
+            return {unit[0]: train_one(command, workdir, code, steps, resume=resume, env=env)}
         finally:
             free.put(devices)
 
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
-        futures = {pool.submit(on_a_slot, n): n for n in todo}
-        for future in concurrent.futures.as_completed(futures):
-            r = future.result()
-            log(f"{time.strftime('%H:%M:%S')} {futures[future]}: {r['outcome']} (rc {r['returncode']}), "
-                f"{r['seconds'] / 60:.1f} min")
+        for future in concurrent.futures.as_completed([pool.submit(on_a_slot, unit) for unit in units]):
+            for name, r in future.result().items():
+                log(f"{time.strftime('%H:%M:%S')} {name}: {r['outcome']} (rc {r['returncode']}), "
+                    f"{r['seconds'] / 60:.1f} min")
     return time.perf_counter() - start

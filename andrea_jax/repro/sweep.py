@@ -11,6 +11,10 @@ own process, started from a frozen copy of the code (RUNS/code), in RUNS/GROUP/A
   the machine (CUDA_VISIBLE_DEVICES, from --gpus or all that nvidia-smi lists). Finished runs are
   skipped; a stopped one resumes from its newest checkpoint, so a killed or requeued sweep
   continues where it was.
+- `--pack N` (accelerators): up to N runs that differ only in settings a population takes (seed, LR,
+  warmup, weight decay, ProRes T, scale_updates, forward; andrea_jax/train/population.py) train as
+  one population process, each run still in its own folder; a run no population can train is
+  refused by name. On a CPU one process per core measures faster (docs/POPULATIONS.md).
 - `--slurm` writes RUNS/sweep.sbatch instead, a job array of one task per run (requeued on
   preemption; the trainer checkpoints on the SIGTERM Slurm sends before it), for `sbatch`.
 - `--report` writes OUT/RESULTS.md (default RUNS/report) with the reproduction's paired tables
@@ -204,7 +208,7 @@ def launch(name: str, exps: dict, chosen: dict, runs_root: pathlib.Path, args) -
     """Train the `chosen` groups of `exps` into runs_root: the code snapshot (once), each group's
     experiment.json, then either the Slurm array (args.slurm) or the runs, locally, each group
     adding its share of the wall time to its wall.json. `args` holds the command's set, jobs,
-    slurm, gpus_per_run, gpus and toy."""
+    slurm, gpus_per_run, gpus, toy and pack (runner.run_all's; 1 where absent)."""
     runs = plan(chosen, runs_root, args.set)
     code = runs_root / "code"
     if not code.exists():
@@ -222,7 +226,7 @@ def launch(name: str, exps: dict, chosen: dict, runs_root: pathlib.Path, args) -
     slots = None
     if args.gpus_per_run:
         slots = device_sets(args.gpus.split(",") if args.gpus else visible_gpus(), args.gpus_per_run)
-    seconds = runner.run_all(runs, code, args.jobs, resume=True, device_sets=slots)
+    seconds = runner.run_all(runs, code, args.jobs, resume=True, device_sets=slots, pack=getattr(args, "pack", 1))
     share = seconds / len(chosen)  # the groups ran together: each gets its part
     for exp in chosen.values():  # the wall time the report quotes, summed over invocations
         wall = runs_root / exp.name / "wall.json"
@@ -249,6 +253,9 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time on the CPU")
     parser.add_argument("--gpus-per-run", type=int, default=0, help="K > 0: one run per K GPUs")
     parser.add_argument("--gpus", default=None, help="the GPU ids to use (default: all nvidia-smi lists)")
+    parser.add_argument("--pack", type=int, default=1, metavar="N",
+                        help="train up to N runs that differ only in settings a population takes as one population "
+                             "process (accelerators; on a CPU one process per core is faster): docs/POPULATIONS.md")
     parser.add_argument("--slurm", action="store_true", help="write RUNS/sweep.sbatch instead of running")
     parser.add_argument("--report", action="store_true", help="write the report of the runs so far")
     parser.add_argument("--out", type=pathlib.Path, default=None,
@@ -262,6 +269,8 @@ def main(argv=None) -> int:
     parser.add_argument("--arms", nargs="+", default=None, metavar="ARM",
                         help="train only these arms of each group; the rest resume later")
     args = parser.parse_args(argv)
+    if args.pack < 1 or (args.pack > 1 and args.slurm):
+        parser.error("--pack N: N >= 1, and not with --slurm (an array task runs one run)")
     try:
         sweep = load_spec(args.spec)
         exps = groups(sweep, args.spec, args.set)

@@ -52,14 +52,19 @@ def train(cfg: Config, workdir: str | pathlib.Path, *, show_progress: bool = Tru
     other settings (`allow_schedule_change` accepts another train.steps or optimizer schedule,
     which re-stretches the LR schedule). `extra_hooks` run at the steps their rules name, after
     the evaluation (the command line passes train.eval_tasks' scoring, andrea_jax.serve.tasks)."""
-    if cfg.train.deterministic and not startup.has_deterministic_flags(os.environ.get("XLA_FLAGS", "")):
-        raise ConfigError("train.deterministic=true: XLA_FLAGS lacks " + " ".join(
-            f"--{k}={v}" for k, v in startup.DETERMINISTIC_XLA_FLAGS.items()) + ", which must be set before jax "
-            "starts (train.py sets them; a program calling train() sets them before it imports jax)")
+    check_deterministic(cfg)
     run_dir = Workdir(workdir).create()
     with run_dir.held(), (checkpoint.manager(run_dir.root, max_to_keep=cfg.train.keep_checkpoints)
                           if cfg.train.checkpoint_every else contextlib.nullcontext()) as ckpt:
         return _train(cfg, run_dir, ckpt, show_progress, allow_schedule_change, at_end, extra_hooks)
+
+
+def check_deterministic(cfg: Config) -> None:
+    """ConfigError when train.deterministic is asked for and XLA_FLAGS lacks its flags."""
+    if cfg.train.deterministic and not startup.has_deterministic_flags(os.environ.get("XLA_FLAGS", "")):
+        raise ConfigError("train.deterministic=true: XLA_FLAGS lacks " + " ".join(
+            f"--{k}={v}" for k, v in startup.DETERMINISTIC_XLA_FLAGS.items()) + ", which must be set before jax "
+            "starts (train.py sets them; a program calling train() sets them before it imports jax)")
 
 
 def _validation(cfg: Config, mesh, val, to_global) -> list:

@@ -32,7 +32,7 @@ from andrea_jax import config as config_lib, model as model_lib
 from andrea_jax.config import UPDATE_SCALES, Config
 from andrea_jax.errors import ConfigError
 from andrea_jax.model import depth, prores
-from andrea_jax.train import optim, sharding, steps
+from andrea_jax.train import diagnostics as diag_lib, optim, sharding, steps
 
 PER_MEMBER = ("train.seed", "optim.lr", "optim.warmup_steps", "optim.weight_decay", "prores.warmup",
               "prores.scale_updates", "prores.forward")
@@ -203,27 +203,37 @@ def state_shardings(cfg: Config, mesh: jax.sharding.Mesh) -> PopulationState:
                            frozen=replicated)
 
 
-def create_states(cfgs: list[Config], mesh: jax.sharding.Mesh) -> PopulationState:
-    """The members' fresh states, stacked, each initialised from its own train.seed as a solo run's
-    (steps.create_state with jax.random.key(train.seed)); one jitted, vmapped init."""
-    check_structure(cfgs)
-    cfg = cfgs[0]
-    sharding.check(cfg, mesh)
-    n = len(cfgs)
-
+def _init_fn(cfg: Config, n: int):
+    """settings [N] -> the members' fresh PopulationState (vmapped _member_init)."""
     def init(s: MemberSettings) -> PopulationState:
         params, opt_state = jax.vmap(functools.partial(_member_init, cfg))(s)
         return PopulationState(step=jnp.zeros((n,), jnp.int32), params=params, opt_state=opt_state,
                                settings=s, frozen=jnp.zeros((n,), jnp.bool_))
+    return init
 
-    return jax.jit(init, out_shardings=state_shardings(cfg, mesh))(member_settings(cfgs))
+
+def create_states(cfgs: list[Config], mesh: jax.sharding.Mesh) -> PopulationState:
+    """The members' fresh states, stacked, each initialised from its own train.seed as a solo run's
+    (steps.create_state with jax.random.key(train.seed)); one jitted, vmapped init."""
+    check_structure(cfgs)
+    sharding.check(cfgs[0], mesh)
+    return jax.jit(_init_fn(cfgs[0], len(cfgs)), out_shardings=state_shardings(cfgs[0], mesh))(member_settings(cfgs))
+
+
+def abstract_state(cfgs: list[Config], mesh: jax.sharding.Mesh) -> PopulationState:
+    """The members' state as ShapeDtypeStructs carrying their shardings: allocates nothing (andrea_jax.aot)."""
+    check_structure(cfgs)
+    shapes = jax.eval_shape(_init_fn(cfgs[0], len(cfgs)), member_settings(cfgs))
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes,
+                        state_shardings(cfgs[0], mesh))
 
 
 def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def _member_step(cfg: Config, grad_fn, params, opt_state, step, s: MemberSettings, frozen, tokens_BT1):
+def _member_step(cfg: Config, grad_fn, with_diagnostics: bool, params, opt_state, step, s: MemberSettings, frozen,
+                 tokens_BT1):
     """One member's update (steps.make_train_step's, at the member's settings), kept only while the
     member's loss and updates are finite; after the first that is not, the member stays frozen."""
     (loss, aux), grads = grad_fn(params, tokens_BT1, run_alphas(cfg, s, step))
@@ -236,18 +246,22 @@ def _member_step(cfg: Config, grad_fn, params, opt_state, step, s: MemberSetting
         metrics["z_loss"] = aux["z_loss"]
     if (spikes := optim.spike_state(new_opt_state)) is not None:
         metrics["skipped_spikes"] = spikes.skipped
-    return (keep(optax.apply_updates(params, updates), params), keep(new_opt_state, opt_state),
-            jnp.where(frozen, step, step + 1), frozen, metrics)
+    new_params = keep(optax.apply_updates(params, updates), params)
+    if with_diagnostics:
+        metrics |= {**aux["stats"], "layer_grad_norm": diag_lib.layer_norms(grads["blocks"]),
+                    "update_ratio": diag_lib.update_ratios(new_params["blocks"], params["blocks"])}
+    return new_params, keep(new_opt_state, opt_state), jnp.where(frozen, step, step + 1), frozen, metrics
 
 
-def make_train_step(cfgs: list[Config], mesh: jax.sharding.Mesh, *, eot_id: int = 0):
+def make_train_step(cfgs: list[Config], mesh: jax.sharding.Mesh, *, with_diagnostics: bool = False, eot_id: int = 0):
     """The jitted population update: (PopulationState, tokens_BT1) -> (PopulationState, metrics),
-    every metric [N] (loss, grad_norm, lr, frozen; z_loss, skipped_spikes as the solo step's).
+    every metric [N] (loss, grad_norm, lr, frozen; z_loss, skipped_spikes as the solo step's), and
+    `with_diagnostics` each member's per-layer statistics [N, L] as steps.make_train_step's.
     The batch is shared by the members; the old state is donated. eot_id: as steps.make_train_step's."""
     check_structure(cfgs)
     cfg = cfgs[0]
     sharding.check(cfg, mesh)
-    model = steps.loss_model(cfg)
+    model = steps.loss_model(cfg, diagnostics=with_diagnostics)
     param_sh = steps.state_shardings(cfg, mesh).params
     eot = eot_id if cfg.data.document_mask else None
 
@@ -259,7 +273,7 @@ def make_train_step(cfgs: list[Config], mesh: jax.sharding.Mesh, *, eot_id: int 
         return steps._microbatched(one, cfg, mesh, param_sh)(params, tokens_BT1)
 
     def train_step(state: PopulationState, tokens_BT1):
-        member = functools.partial(_member_step, cfg, grad_fn)
+        member = functools.partial(_member_step, cfg, grad_fn, with_diagnostics)
         params, opt_state, step, frozen, metrics = jax.vmap(member, in_axes=(0, 0, 0, 0, 0, None))(
             state.params, state.opt_state, state.step, state.settings, state.frozen, tokens_BT1)
         return state.replace(step=step, params=params, opt_state=opt_state, frozen=frozen), metrics
