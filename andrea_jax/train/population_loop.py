@@ -265,14 +265,21 @@ def _steps(ctxs, states, run: _Run, members: _Members, step_fns, to_global, stop
         trace.close()
 
 
-def _sync(ctxs, run: _Run, step: int) -> None:
-    """Waits for the devices: each member's losses since the last wait join its step_losses, a
-    member newly frozen is named on stderr with its step, and TrainingError is raised once every
-    member is frozen."""
+def _drain(ctxs, run: _Run) -> list:
+    """The (loss, frozen) pairs pending since the last wait, fetched once; each member's losses join
+    its step_losses."""
     host = jax.device_get(run.pending)
     run.pending.clear()
     for i, ctx in enumerate(ctxs):
         ctx.metrics.step_losses += [float(loss[i]) for loss, _ in host]
+    return host
+
+
+def _sync(ctxs, run: _Run, step: int) -> None:
+    """Waits for the devices: each member's losses since the last wait join its step_losses, a
+    member newly frozen is named on stderr with its step, and TrainingError is raised once every
+    member is frozen."""
+    host = _drain(ctxs, run)
     frozen = [bool(f) for f in host[-1][1]]
     for i in sorted({i for i, f in enumerate(frozen) if f} - run.said_frozen):
         run.said_frozen.add(i)  # its step stopped at the update it refused
@@ -285,8 +292,6 @@ def _sync(ctxs, run: _Run, step: int) -> None:
 
 def _close(ctxs, states, run: _Run) -> None:
     """loop._close for every member, the losses since the last wait kept too."""
-    host = jax.device_get(run.pending)
-    run.pending.clear()
-    for i, (ctx, st) in enumerate(zip(ctxs, states)):
-        ctx.metrics.step_losses += [float(loss[i]) for loss, _ in host]
+    _drain(ctxs, run)
+    for ctx, st in zip(ctxs, states):
         loop._close(ctx, st)
