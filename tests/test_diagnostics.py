@@ -3,6 +3,8 @@ autodiff of that loop, the spike score against a brute-force count, and the trai
 import dataclasses
 import json
 import struct
+import subprocess
+import sys
 import types
 
 import jax
@@ -320,3 +322,21 @@ def test_a_skipped_nonfinite_loss_is_a_spike_and_leaves_later_windows_alone():
         prev = losses[i - 50:i][np.isfinite(losses[i - 50:i])]
         want = not np.isfinite(losses[i]) or losses[i] > prev.mean() + 6.0 * prev.std()
         assert flags[i] == want, i
+
+
+def test_tensorboard_writes_without_loading_torch_and_torch_loads_after(tmp_path):
+    # In a fresh process, as a run starts: the writer's import does not pull in torch (seconds of
+    # every run's start where the test extra installs it), and leaves torch importable.
+    program = (
+        "import sys\n"
+        "from andrea_jax.train import metrics\n"
+        f"writer = metrics.summary_writer_class()({str(tmp_path)!r})\n"
+        "writer.add_scalar('loss', 2.5, 7)\n"
+        "writer.close()\n"
+        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')\n"
+        "import torch\n"
+        "print(torch.ones(2).sum().item())\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["torch", "not", "loaded", "2.0"]
+    assert read_tensorboard_scalars(tmp_path) == {"loss": [(7, 2.5)]}

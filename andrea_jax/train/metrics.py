@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sys
 
 import jax
 import numpy as np
@@ -27,8 +28,23 @@ def metric_line(step: int, metrics) -> dict:
 def _tensorboard(cfg: Config, run_dir: Workdir):
     if not cfg.diagnostics.tensorboard or jax.process_index() != 0:
         return None
-    from tensorboardX import SummaryWriter  # imported only when used: it is slow to import
-    return SummaryWriter(str(run_dir.tensorboard))
+    return summary_writer_class()(str(run_dir.tensorboard))
+
+
+def summary_writer_class():
+    """tensorboardX's SummaryWriter, imported only when used. At import tensorboardX probes for
+    torch, only so that it may accept torch tensors; these metrics are Python floats, and where torch
+    is installed the probe costs seconds of every run's start. Unless torch is loaded already, the
+    probe is shown none; torch imports as usual afterwards."""
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError while this entry stands
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
 
 
 def scalars(line: dict) -> dict:
