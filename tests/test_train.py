@@ -125,10 +125,13 @@ def test_andrea_120m_on_the_embedded_corpus_stops_in_one_line_and_its_smoke_over
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("error: the training tokens make 293 windows")
     assert "--set train.batch_size=N with N <= 293" in proc.stderr
+    # The final validation pass is one batch, not the config's 8: each is a forward pass of the whole
+    # model over 2 x 1024 tokens, seconds on a CPU, and one shows that evaluation runs.
     smoke = ["--set", "train.batch_size=2", "--set", "train.steps=1", "--set", "train.checkpoint_every=0",
-             "--set", "train.sample_tokens=0", "--set", "train.eval_every=0"]
+             "--set", "train.sample_tokens=0", "--set", "train.eval_every=0", "--set", "train.eval_batches=1"]
     proc = subprocess.run(base + ["--workdir", str(tmp_path / "smoke"), *smoke], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "92,331,264 parameters" in proc.stdout
-    assert np.isfinite(json.loads((tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()[-1])["loss"])
+    last = json.loads((tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert np.isfinite(last["loss"]) and np.isfinite(last["val_loss"])
