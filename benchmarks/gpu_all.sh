@@ -12,7 +12,10 @@
 #                    flags: differing bits, the largest difference, the resume's tolerance profile
 #   4. hlo_match     the train step andrea_jax.aot compiles without a GPU against the one jit
 #                    compiles on it: the kernels that differ
-#   5. microbatches  the paper's 512 x 1024 batch as train.microbatches slices of 64 rows
+#   5. population    8 members of the 24-block tiny recipe in one vmapped step against the same
+#                    member-steps taken solo, one after another (benchmarks/population.py)
+#   6. microbatches  the paper's 512 x 1024 batch as train.microbatches slices of 64 rows
+# (scripts/gpu_width.sh, a population sweep over widths, needs a call of its own.)
 # Each phase runs under its own timeout; every result is appended to $out/results.jsonl the
 # moment it exists (one JSON object per line, fields in benchmarks/train_step.py), so a phase
 # that times out keeps all it finished. tokens/s, MFU and peak memory are printed as they come.
@@ -39,7 +42,8 @@ if [ "${1:-}" = "--smoke" ]; then
   micro_args=(--batch 8 --steps 1 --set train.microbatches=2)
   determinism_args=(--allow-cpu --batch 4 --steps 2 --flags on)
   hlo_args=(--cpu --set train.batch_size=4)
-  t_kernels=150; t_step=180; t_micro=120; t_determinism=150; t_hlo=120; budget=150
+  population_args=(--members 2 --steps 2 --cores 0 --set model.n_layer=2)
+  t_kernels=150; t_step=180; t_micro=120; t_determinism=150; t_hlo=120; t_population=120; budget=150
 else
   export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"  # "fills the chip"
   kernel_args=(--rows 32768,65536 --dtypes bfloat16,mixed,float32 --budget-s 70)
@@ -49,7 +53,9 @@ else
               --cross train.microbatches=8,16)
   determinism_args=(--batch 4 --steps 20 --set model.n_layer=2)
   hlo_args=(--set train.batch_size=8)
-  t_kernels=100; t_step=170; t_determinism=90; t_hlo=50; t_micro=40; budget=130
+  population_args=(--members 8 --steps 10 --cores 0)
+  # 90 + 140 + 80 + 50 + 60 + 40 s of timeouts: under 8 minutes with the start-up
+  t_kernels=90; t_step=140; t_determinism=80; t_hlo=50; t_population=60; t_micro=40; budget=105
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 fi
 "$py" -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$out/gpu.txt"
@@ -66,6 +72,9 @@ timeout "$t_determinism" "$py" benchmarks/determinism.py "${model[@]}" "${determ
 echo "== phase hlo_match (timeout ${t_hlo}s)"
 timeout "$t_hlo" "$py" benchmarks/hlo_match.py "${model[@]}" "${hlo_args[@]}" --json "$results" \
   2>&1 | tee "$out/hlo_match.log"
+echo "== phase population (timeout ${t_population}s)"
+timeout "$t_population" "$py" benchmarks/population.py "${population_args[@]}" --json "$results" \
+  2>&1 | tee "$out/population.log"
 echo "== phase microbatches (timeout ${t_micro}s)"
 timeout "$t_micro" "$py" benchmarks/train_step.py "${model[@]}" "${micro_args[@]}" --phase microbatches \
   --budget-s $((t_micro / 2)) --jsonl "$results" 2>&1 | grep --line-buffered -v '^{' | tee "$out/microbatches.log"

@@ -2,6 +2,7 @@
 
     python benchmarks/population.py                  # 8 members, depth:family=tiny,layers=24 at 8 x 32 tokens
     python benchmarks/population.py --members 2 --steps 2 --set model.n_layer=2      # a quick look
+    python benchmarks/population.py --cores 0 --json results.jsonl                   # on a GPU (gpu_all.sh)
 
 The same model, the same batch and the same number of member-steps on each side, synthetic tokens,
 2 warm-up steps per side, every timed step waited for:
@@ -12,6 +13,7 @@ The same model, the same batch and the same number of member-steps on each side,
 - solo processes: the same N x `--steps` solo steps split over one process per core (`--cores`),
   started at once, each pinned to its core (taskset, where there is one) with XLA single-threaded:
   what the sweep runner does on a CPU (`--jobs`). Its member-steps per second sum the processes'.
+  `--cores 0` leaves this side out: on an accelerator the processes would share one chip.
 Printed per side: the compile time, the median step, member-steps per second; then the population
 against each solo side. On a CPU the step is compute-bound and the cores are already busy, so the
 population is expected to lose to one process per core; on an accelerator a small model leaves the
@@ -20,6 +22,7 @@ chip idle, which a population fills (docs/POPULATIONS.md).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import shutil
@@ -89,6 +92,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)), help="solo processes, one per core")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help=f"override (after {' '.join(DEFAULT_SETS)})")
+    parser.add_argument("--json", help="append one JSON line (phase population) to this file")
     parser.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)  # a solo process: its steps
     args = parser.parse_args(argv)
     base = config_lib.validate(config_lib.override(configs.load(args.config), [*DEFAULT_SETS, *args.set]))
@@ -107,10 +111,12 @@ def main(argv=None) -> int:
     pop_state, _ = timed(pop_step, pop_state, tokens, 2)
     _, pop_times = timed(pop_step, pop_state, tokens, args.steps)
     own = list(sys.argv[1:] if argv is None else argv)
-    core_medians = per_core_side(own, args.cores, -(-n * args.steps // args.cores))
+    solo_steps = -(-n * args.steps // args.cores) if args.cores else 0
+    core_medians = per_core_side(own, args.cores, solo_steps) if args.cores else []
 
-    rates = {"solo": 1 / statistics.median(solo_times), "population": n / statistics.median(pop_times),
-             "solo processes": sum(1 / m for m in core_medians)}
+    rates = {"solo": 1 / statistics.median(solo_times), "population": n / statistics.median(pop_times)}
+    if core_medians:
+        rates["solo processes"] = sum(1 / m for m in core_medians)
     n_params = sum(int(p.size) for p in jax.tree.leaves(pop_state.params)) // n
     print(f"population benchmark: {n} members of {' '.join([args.config, *args.set])} ({n_params:,} parameters each), "
           f"batch {base.train.batch_size} x {base.model.seq_len} tokens, {jax.devices()[0].platform}", flush=True)
@@ -118,10 +124,20 @@ def main(argv=None) -> int:
           f"{len(pop_times)} steps of {n} members), {rates['population']:.1f} member-steps/s")
     print(f"solo:       compile {solo_compile:.1f} s, step {1e3 * statistics.median(solo_times):.1f} ms (median of "
           f"{len(solo_times)}), {rates['solo']:.1f} member-steps/s")
-    print(f"solo processes: {args.cores}, one per core, steps " + ", ".join(f"{1e3 * m:.1f}" for m in core_medians)
-          + f" ms (median of {-(-n * args.steps // args.cores)} each), {rates['solo processes']:.1f} member-steps/s")
-    for side in ("solo", "solo processes"):
-        print(f"population / {side}: {rates['population'] / rates[side]:.2f}x member-steps per second")
+    if core_medians:
+        print(f"solo processes: {args.cores}, one per core, steps " + ", ".join(f"{1e3 * m:.1f}" for m in core_medians)
+              + f" ms (median of {solo_steps} each), {rates['solo processes']:.1f} member-steps/s")
+    ratios = {side: rates["population"] / rates[side] for side in rates if side != "population"}
+    for side, ratio in ratios.items():
+        print(f"population / {side}: {ratio:.2f}x member-steps per second")
+    if args.json:
+        record = {"phase": "population", "config": args.config, "set": args.set, "members": n,
+                  "params_per_member": n_params, "device_kind": jax.devices()[0].device_kind,
+                  "batch": [base.train.batch_size, base.model.seq_len],
+                  "compile_s": {"population": pop_compile, "solo": solo_compile},
+                  "member_steps_per_s": rates, "population_over": ratios}
+        with open(args.json, "a") as f:
+            f.write(json.dumps(record) + "\n")
     return 0
 
 

@@ -45,7 +45,8 @@ def test_gpu_all_smoke_writes_every_phase_to_jsonl(tmp_path):
     by_phase = {}
     for r in records:
         by_phase.setdefault(r["phase"], []).append(r)
-    assert set(by_phase) == {"kernels_check", "kernels", "train_step", "microbatches", "determinism", "hlo_match"}
+    assert set(by_phase) == {"kernels_check", "kernels", "train_step", "microbatches", "determinism", "hlo_match",
+                             "population"}
     assert all(r["ok"] for r in by_phase["kernels_check"])
     assert {r["remat"] for r in by_phase["train_step"]} == {"none", "dots", "full"}
     for r in by_phase["train_step"] + by_phase["microbatches"]:
@@ -59,6 +60,10 @@ def test_gpu_all_smoke_writes_every_phase_to_jsonl(tmp_path):
     assert same["resume"]["batches_identical"] and same["resume"]["first_step_within"], same
     (match,) = by_phase["hlo_match"]  # aot for the CPU compiles what jit on it compiles
     assert match["signatures_differing"] == 0 and match["aot_kernels"] == match["jit_kernels"] > 0, match
+    (pop,) = by_phase["population"]  # 2 members against the same 4 member-steps taken solo
+    assert pop["members"] == 2 and set(pop["member_steps_per_s"]) == {"population", "solo"}
+    assert pop["population_over"]["solo"] == pytest.approx(
+        pop["member_steps_per_s"]["population"] / pop["member_steps_per_s"]["solo"], rel=1e-12)
     # The printed summary carries the same figures.
     assert "tokens/s, MFU n/a" in proc.stdout and "peak memory" in proc.stdout
 
@@ -231,6 +236,17 @@ def test_hlo_match_tells_two_programs_apart_and_an_identical_one_from_itself():
     assert hlo_match.differences(hlo_match.signatures(one), hlo_match.signatures(again)) == []
     diff = hlo_match.differences(hlo_match.signatures(one), hlo_match.signatures(other))
     assert diff and all(a != b for _, a, b in diff) and sum(a for _, a, _ in diff) >= 1
+
+
+def test_gpu_all_s_phase_timeouts_fit_one_call_of_8_minutes():
+    script = (ROOT / "benchmarks" / "gpu_all.sh").read_text()
+    gpu_branch = script[script.index("\nelse\n"):script.index("\nfi\n")]
+    (line,) = [l for l in gpu_branch.splitlines() if l.strip().startswith("t_kernels=")]
+    timeouts = {k.strip(): int(v) for k, v in (a.split("=") for a in line.split(";") if "=" in a)}
+    phases = set(re.findall(r'timeout "\$(t_[a-z]+)"', script))
+    assert phases == set(timeouts) - {"budget"} and len(phases) == 6, (phases, timeouts)
+    assert sum(timeouts[t] for t in phases) <= 470  # 8 minutes less the start-up and nvidia-smi
+    assert timeouts["budget"] < timeouts["t_step"]
 
 
 def test_population_benchmark_prints_member_steps_per_second_of_every_side():
