@@ -64,6 +64,7 @@ def test_gpu_all_smoke_writes_every_phase_to_jsonl(tmp_path):
     assert pop["members"] == 2 and set(pop["member_steps_per_s"]) == {"population", "solo"}
     assert pop["population_over"]["solo"] == pytest.approx(
         pop["member_steps_per_s"]["population"] / pop["member_steps_per_s"]["solo"], rel=1e-12)
+    assert "== phase gpu_width not run:" in proc.stdout and ", --smoke" in proc.stdout  # its own smoke test
     # The printed summary carries the same figures.
     assert "tokens/s, MFU n/a" in proc.stdout and "peak memory" in proc.stdout
 
