@@ -81,6 +81,7 @@ class LoopState:
     last_time: float = dataclasses.field(default_factory=time.perf_counter)  # when the last line was written
 
 
+@jax.jit  # one program per state's structure: op by op, each leaf's shape would compile two of its own
 def _all_finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
