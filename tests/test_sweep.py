@@ -32,7 +32,7 @@ SWEEP = Sweep(
     baseline={{"prores.schedule": "none"}},
     seeds=(0, 1),
     common=("model.d_model=32", "model.n_head=2", "model.seq_len=16", "model.vocab_size=300",
-            "data.tokenizer={tok}", "train.batch_size=2", "train.steps=200", "train.checkpoint_every=20",
+            "data.tokenizer={tok}", "train.batch_size=2", "train.steps=200", "train.checkpoint_every=50",
             "train.eval_every=100", "train.eval_batches=1", "train.sample_tokens=0", "prores.warmup=20",
             "diagnostics.tensorboard=false"),
 )
@@ -60,7 +60,7 @@ def test_a_grid_runs_two_at_a_time_resumes_after_a_kill_and_reports(tmp_path, to
     first = subprocess.Popen(sweep_command(spec, runs), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
     done = lambda: {n for n in names if (runs / n / "result.json").is_file()}
-    mid_run = lambda: [n for n in names if n not in done() and (runs / n / "checkpoints" / "20").is_dir()]
+    mid_run = lambda: [n for n in names if n not in done() and (runs / n / "checkpoints" / "50").is_dir()]
     deadline = time.monotonic() + 400
     while not (len(done()) >= 2 and mid_run()):
         assert time.monotonic() < deadline and first.poll() is None, first.communicate()[0][-3000:]
