@@ -157,8 +157,9 @@ def test_qk_norm_normalises_each_head_s_queries_and_keys(family):
     y_BTD = jax.random.normal(jax.random.key(3), (2, 5, 32))
     blk = {n: v[0] for n, v in params["blocks"].items()}
     gains = (jnp.linspace(0.5, 1.5, K), jnp.linspace(2.0, 1.0, K))
-    got, _ = layers.attention(y_BTD, blk["attn_qkv_kernel"], blk.get("attn_qkv_bias"), blk["attn_out_kernel"],
-                              blk.get("attn_out_bias"), cfg, qk_gains=gains)
+    attention = jax.jit(layers.attention, static_argnums=5)  # op by op, each operation would compile alone
+    got, _ = attention(y_BTD, blk["attn_qkv_kernel"], blk.get("attn_qkv_bias"), blk["attn_out_kernel"],
+                       blk.get("attn_out_bias"), cfg, qk_gains=gains)
     qkv = (y_BTD @ blk["attn_qkv_kernel"] + blk.get("attn_qkv_bias", 0.0)).reshape(2, 5, 3, 4, K)
     rms = lambda x, g: x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + cfg.ln_eps) * g
     q, k, v = rms(qkv[:, :, 0], gains[0]), rms(qkv[:, :, 1], gains[1]), qkv[:, :, 2]
