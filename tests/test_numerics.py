@@ -1,6 +1,7 @@
 """Numerics under bfloat16 and the parts of the step that exist for speed: the float32 residual
 stream, the padded vocabulary, the attention backend."""
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,11 +18,16 @@ SMALL = ModelConfig(vocab_size=300, seq_len=16, d_model=64, n_layer=2, n_head=4)
 
 def block_delta(cfg, alpha, x_BTD, seed=0):
     """x_out - x_in of one block at the given alpha, as float32."""
-    block = model_lib.Block(cfg)
-    variables = block.init(jax.random.key(seed), x_BTD, (jnp.float32(alpha), jnp.int32(1)))
-    out, _ = block.apply(variables, x_BTD, (jnp.float32(alpha), jnp.int32(1)))
+    out = _block_out(cfg, jnp.float32(alpha), x_BTD, seed)
     assert out.dtype == jnp.float32  # the stream stays float32 under bf16 compute
     return np.asarray(out - x_BTD, np.float64)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))  # as the train step runs a block: compiled whole
+def _block_out(cfg, alpha, x_BTD, seed):
+    block = model_lib.Block(cfg)
+    variables = block.init(jax.random.key(seed), x_BTD, (alpha, jnp.int32(1)))
+    return block.apply(variables, x_BTD, (alpha, jnp.int32(1)))[0]
 
 
 def test_a_tiny_prores_branch_survives_the_residual_add_under_bf16():
@@ -119,8 +125,9 @@ def test_the_steps_masked_padded_logits_give_the_same_loss_and_gradients():
     alphas = jnp.array([0.6, 1.0])
     sliced, padded = model_lib.Andrea(SMALL), model_lib.Andrea(SMALL, padded_logits=True)
     assert padded.apply({"params": params}, tokens[:, :-1], alphas).logits.shape[-1] == 384
-    l1, g1 = jax.value_and_grad(steps.loss_fn)(params, sliced, tokens, alphas)
-    l2, g2 = jax.value_and_grad(steps.loss_fn)(params, padded, tokens, alphas)
+    value_and_grad = jax.jit(jax.value_and_grad(steps.loss_fn), static_argnums=1)  # as the train step runs it
+    l1, g1 = value_and_grad(params, sliced, tokens, alphas)
+    l2, g2 = value_and_grad(params, padded, tokens, alphas)
     # measured: loss and gradients bit-identical on CPU (masked columns add exp(min) = 0)
     np.testing.assert_allclose(l2, l1, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
