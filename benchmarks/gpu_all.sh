@@ -85,6 +85,7 @@ if [ "${1:-}" != "--smoke" ] && [ -d .whl ] && [ "$left" -gt 60 ]; then
   echo "== phase gpu_width (the ${left}s left)"
   OUT="$out/gpu_width" timeout "$left" bash scripts/gpu_width.sh --pack 4 2>&1 | tee "$out/gpu_width.log"
 else
-  echo "== phase gpu_width not run: ${left}s left, wheels in .whl: $([ -d .whl ] && echo yes || echo no)$([ "${1:-}" = "--smoke" ] && echo ', --smoke')"
+  why="${left}s left, wheels in .whl: $([ -d .whl ] && echo yes || echo no)"
+  echo "== phase gpu_width not run: $why$([ "${1:-}" = "--smoke" ] && echo ', --smoke')"
 fi
 echo "== $(wc -l < "$results") results in $results"
