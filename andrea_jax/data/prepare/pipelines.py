@@ -52,7 +52,7 @@ def sample_key(entry: tuple) -> int:
     return entry[0]
 
 
-def unit_sample(indexed_unit: tuple, seed: int, n: int, groups: int) -> Iterator[tuple]:
+def unit_sample(indexed_unit: tuple, seed: int, n: int, groups: int) -> Iterator[tuple[int, tuple]]:
     """(the unit's group, entry) of the unit's n documents of smallest key: its candidates for the
     corpus's sample (keys are distinct, splitmix64 being a bijection, so the sample does not depend
     on how the units' candidates are merged)."""
