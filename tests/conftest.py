@@ -6,9 +6,9 @@ import tempfile
 # start (a resumed run compiles what the straight run did). One persistent cache, shared through
 # the environment with every worker and child process, compiles each once. Keys hold the HLO, the
 # compile options and the jax version: a hit is the same executable. The cache is unbounded: a size
-# bound makes jax scan the whole folder under a file lock at every write, a tenth of a cold suite's
-# time. Without the lock a read that races a write of the same entry fails to decompress, and jax
-# then warns and compiles it.
+# bound makes jax scan the whole folder, thousands of entries, under a file lock at every write.
+# Without the lock a read that races a write of the same entry fails to decompress, and jax then
+# warns and compiles it.
 _XLA_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"andrea_jax_tests_xla_{os.getuid()}"),
               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
               "JAX_COMPILATION_CACHE_MAX_SIZE": "-1"}
@@ -16,8 +16,8 @@ for _key, _value in _XLA_CACHE.items():
     os.environ.setdefault(_key, _value)
 # Compiling is most of the suite's time, so its programs compile cheaply: LLVM at -O1 instead of -O2, and
 # XLA:CPU's elemental emitters instead of its MLIR fusion emitters (fewer, larger fusions). On a toy train
-# step together they halve the compile time. Processes started with XLA_FLAGS of their own
-# do without them.
+# step together they halve the compile time. -O0 would save more, but its rounding puts three tests
+# past their measured tolerances. Processes started with XLA_FLAGS of their own do without them.
 _CHEAP_COMPILES = "--xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_CHEAP_COMPILES}".strip()
