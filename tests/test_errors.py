@@ -1,10 +1,10 @@
 """Every error a user can cause ends a real train.py process with one line on stderr: exit 2 for
 what the command or config asks (fix it), 1 for a run that failed; --debug shows the traceback."""
-import os
 import subprocess
 
 import pytest
 
+from _devices import cpu_devices_env
 from _helpers import ROOT, train_command
 
 TOY = ["train.steps=2", "train.batch_size=4", "train.sample_tokens=0", "model.n_layer=1", "model.d_model=32",
@@ -13,7 +13,7 @@ TOY = ["train.steps=2", "train.batch_size=4", "train.sample_tokens=0", "model.n_
 
 def start(tmp_path, config, workdir, *settings, env=None, flags=()):
     cmd = train_command(workdir, settings, *flags, config=config)
-    env = {**os.environ, "XLA_FLAGS": "", "ANDREA_CACHE": str(tmp_path / "cache"), **(env or {})}
+    env = {**cpu_devices_env(1), "ANDREA_CACHE": str(tmp_path / "cache"), **(env or {})}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 

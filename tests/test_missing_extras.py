@@ -4,13 +4,13 @@ stderr naming the extra and the pip command that installs it (exit 2), not in a 
 The test extra installs every extra, so each case runs its command in a process whose import
 system refuses the extra's packages (tests/_refuse.py), as a machine without them would.
 """
-import os
 import subprocess
 import sys
 import tomllib
 
 import pytest
 
+from _devices import cpu_devices_env
 from _refuse import refusing_env
 from test_multihost import ROOT
 
@@ -27,7 +27,7 @@ def command(script: str) -> list[str]:
 
 def run_without(tmp_path, refused: list[str], cmd: list[str]) -> subprocess.CompletedProcess:
     env = refusing_env(tmp_path / "refuse", refused,
-                       {**os.environ, "ANDREA_CACHE": str(tmp_path / "cache"), "XLA_FLAGS": ""})
+                       {**cpu_devices_env(1), "ANDREA_CACHE": str(tmp_path / "cache")})
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
 
 

@@ -3,12 +3,12 @@ global batch: each reads its own rows, the gradient is all-reduced across proces
 ProRes at T = 2 the alphas ramp through the whole run (layer 2 fully on only after step 4); the
 in-loop task scores (train.eval_tasks) equal one process's."""
 import json
-import os
 import subprocess
 
 import numpy as np
 import portpicker
 
+from _devices import cpu_devices_env
 from _helpers import ROOT, train_command
 
 TASKS = ROOT / "tasks"
@@ -24,7 +24,7 @@ def metric_lines(workdir):
 
 
 def test_two_processes_equal_one(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": ""}  # one CPU device per process
+    env = cpu_devices_env(1)
     port = portpicker.pick_unused_port()
     procs = [subprocess.Popen(train_command(tmp_path / "multi", SETTINGS, "--coordinator", f"127.0.0.1:{port}",
                                             "--num-processes", "2", "--process-id", str(i)),

@@ -12,6 +12,7 @@ import tomllib
 
 import pytest
 
+from _devices import cpu_devices_env
 from _refuse import OPTIONAL, refusing_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -62,8 +63,7 @@ def test_every_console_script_answers_help_without_any_optional_dependency(tmp_p
 
 
 def _env(tmp_path):
-    import os
-    return {**os.environ, "XLA_FLAGS": "", "ANDREA_CACHE": str(tmp_path / "cache")}
+    return {**cpu_devices_env(1), "ANDREA_CACHE": str(tmp_path / "cache")}
 
 
 def _site_packages_without(tmp_path, hidden: str) -> pathlib.Path:

@@ -21,6 +21,7 @@ from andrea_jax.errors import TrainingError
 from andrea_jax.serve import load
 from andrea_jax.train import loop as trainer, preemption
 from andrea_jax.workdir import Workdir
+from _devices import cpu_devices_env
 from _helpers import IGNORING_SIGINT, PROGRAMS, ROOT, train_command, wait_for_text
 from test_multihost import metric_lines
 
@@ -43,7 +44,7 @@ def start(workdir, settings, *flags, log_name="log", env=None):
     """A train.py process writing its stdout and stderr to files (a full pipe would block it)."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = (workdir.parent / f"{workdir.name}.{log_name}").open("w")
-    env = {**os.environ, "XLA_FLAGS": "", **(env or {})}  # one CPU device per process
+    env = {**cpu_devices_env(1), **(env or {})}
     proc = subprocess.Popen(train_command(workdir, settings, *flags), stdout=out, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=ROOT)
     proc.log = out.name
@@ -100,7 +101,7 @@ def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path)
     os.kill(run.pid, signal.SIGSTOP)  # hold it mid-run, lock held
     try:
         second = subprocess.run(train_command(tmp_path / "run", settings), capture_output=True, text=True, cwd=ROOT,
-                                env={**os.environ, "XLA_FLAGS": ""}, timeout=200)
+                                env=cpu_devices_env(1), timeout=200)
         assert second.returncode == 1
         assert second.stderr.strip().splitlines()[-1].startswith(f"error: workdir {tmp_path / 'run'} is in use "
                                                                  f"by another run (pid {run.pid} ")
@@ -248,7 +249,7 @@ def second_signal_run(tmp_path, tok_path, signum, prefix=()):
     workdir.mkdir()
     log = (tmp_path / "run.log").open("w")
     proc = subprocess.Popen([*prefix, *slow_save_command(workdir, settings)], stdout=log, stderr=subprocess.STDOUT,
-                            text=True, cwd=ROOT, env={**os.environ, "XLA_FLAGS": ""})
+                            text=True, cwd=ROOT, env=cpu_devices_env(1))
     proc.log = log.name
     try:
         wait_for_a_metric_line(workdir, [proc])
@@ -330,7 +331,7 @@ def test_a_kill_while_a_checkpoint_commits_leaves_the_previous_one_and_the_rerun
     log = (tmp_path / "run.log").open("w")
     program = [sys.executable, str(PROGRAMS / "slow_commit_train.py")] + train_command(workdir, settings)[2:]
     run = subprocess.Popen(program, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                           env={**os.environ, "XLA_FLAGS": "", "ANDREA_SLOW_COMMIT_FROM": "6"})
+                           env={**cpu_devices_env(1), "ANDREA_SLOW_COMMIT_FROM": "6"})
     run.log = log.name
     try:
         wait_for_text(run, "slow commit of checkpoint 6 started", timeout=200)

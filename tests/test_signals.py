@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from _devices import cpu_devices_env
 from _helpers import DEFAULT_SIGINT, IGNORING_SIGINT, ROOT, wait_for_text
 
 NAMES = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
@@ -99,7 +100,7 @@ def start(tmp_path, program, prefix=(), **popen):
 def start_command(tmp_path, argv):
     log = (tmp_path / "command.log").open("w")
     proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            stdin=subprocess.DEVNULL, env={**os.environ, "XLA_FLAGS": ""})
+                            stdin=subprocess.DEVNULL, env=cpu_devices_env(1))
     proc.log = log.name
     return proc
 
