@@ -48,6 +48,12 @@ def test_shares_are_disjoint_and_together_read_every_window_of_each_epoch_once(p
     assert epochs[0] != list(range(n))          # shuffled at all
 
 
+def test_a_batch_of_one_reads_the_same_stream_a_window_at_a_time():
+    by_eight = [w for k in range(5) for w in window_ids(batches(8)[k])]  # 40 windows: into the second epoch
+    one = batches(1)
+    assert [w for k in range(40) for w in window_ids(one[k])] == by_eight
+
+
 def test_the_shuffle_is_seeded():
     assert window_ids(batches(8, seed=3)[0]) == window_ids(batches(8, seed=3)[0])
     assert [window_ids(batches(8, seed=3)[k]) for k in range(4)] != \

@@ -69,6 +69,14 @@ def test_over_1000_batches_each_source_lies_within_binomial_99_9_percent_bounds(
     assert seen == {f"tokens/ds{s}": int(c) * SEQ_LEN for s, c in enumerate(counts)}
 
 
+def test_a_batch_of_one_reads_the_same_mixture_a_window_at_a_time(datasets, tmp_path):
+    cfg = make_cfg(datasets)
+    one = build(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=1)), tmp_path)[1]
+    by_batch = build(cfg, tmp_path)[1]
+    np.testing.assert_array_equal(np.concatenate([next(one) for _ in range(3 * BATCH)]),
+                                  np.concatenate([next(by_batch) for _ in range(3)]))
+
+
 def test_source_counts_match_grains_interleaving_at_every_prefix():
     weights = (0.45, 0.35, 0.2)
     streams = [mixture.grain.MapDataset.range(10**6).map(lambda w, s=s: s) for s in range(3)]

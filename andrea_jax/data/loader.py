@@ -51,6 +51,16 @@ def local_batch_size(global_batch: int, process_count: int) -> int:
     return global_batch // process_count
 
 
+# Endless in practice. An endless grain stream is sys.maxsize long, and grain's batch divides that
+# length in floating point: at batch 1 the quotient rounds above sys.maxsize and len() overflows.
+STREAM_LENGTH = 2**62
+
+
+def batched(stream: grain.MapDataset, batch_size: int) -> grain.MapDataset:
+    """An endless stream's first STREAM_LENGTH items in batches of batch_size."""
+    return stream[:STREAM_LENGTH].batch(batch_size)
+
+
 def window_stream(n_windows: int, seed: int) -> grain.MapDataset:
     """The endless stream of window ids: each epoch a new seeded permutation of all windows."""
     return grain.MapDataset.range(n_windows).shuffle(seed=seed % 2**32).repeat(None)
@@ -67,7 +77,7 @@ def train_dataset(tokens, *, seq_len: int, global_batch: int, seed: int,
                         f"tfds) or --set train.batch_size=N with N <= {n}")
     window_ids = window_stream(n, seed)
     # Local batch m holds stream positions [m*local, (m+1)*local); global batch k is m = k*P .. k*P + P-1.
-    mine = window_ids.batch(local)[process_index::process_count]
+    mine = batched(window_ids, local)[process_index::process_count]
     return mine.map(lambda ids: gather_windows(tokens, ids, seq_len))
 
 

@@ -78,7 +78,7 @@ def train_dataset(mixture: Mixture, *, seq_len: int, global_batch: int, seed: in
         ids = grain.MapDataset.range(n).shuffle(seed=_source_seed(seed, s)).repeat(None)
         streams.append(ids.map(lambda w, s=s: (s, w)))
     mixed = grain.MapDataset.mix(streams, int_proportions(mixture.weights))
-    mine = mixed.batch(local)[process_index::process_count]
+    mine = loader.batched(mixed, local)[process_index::process_count]
     parts = mixture.train_parts
     return mine.map(lambda batch: gather_mixed(parts, np.asarray(batch[0]), np.asarray(batch[1]), seq_len))
 
