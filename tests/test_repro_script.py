@@ -1,6 +1,6 @@
 """scripts/reproduce_prores.py end to end at a toy size: 2 arms, 1 seed, 4 steps of a 2-layer
-model, trained in 2 processes; then the report, summary.json and figures, and a rerun that finds
-both runs done and trains nothing."""
+model, trained in 2 processes, one after the other; then the report, summary.json and figures, and a
+rerun that finds both runs done and trains nothing."""
 import json
 import math
 import os
@@ -14,10 +14,21 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def toy_command(experiment: str, tmp_path, tok_path) -> list:
+# The toys of experiments A, D and E are one Post-LN recipe (Experiment A's) with different arms, and the XLA
+# cache is shared: with the same heads and ProRes T their arms are the same programs, compiled once. A's
+# linear arm takes D's T2 arm's T, and E's toy A's 4 heads (from 8), so A and D compile only the none arm and
+# one linear arm, and E only its linear_alpha arm.
+SHARED_T = ("--set", "prores.warmup=2")
+SHARED_HEADS = ("--set", "model.n_head=4")
+
+
+def toy_command(experiment: str, tmp_path, tok_path, *sets: str) -> list:
+    """The reproduction's toy of `experiment` on the test tokenizer; `sets` come last, after the toy's own.
+    One run at a time: the second finds the programs the arms share (the state's initialisation) compiled by
+    the first, where two at once would both compile them."""
     return [sys.executable, str(ROOT / "scripts" / "reproduce_prores.py"), "--experiment", experiment,
-            "--toy", "--jobs", "2", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "docs"),
-            "--set", "model.vocab_size=300", "--set", f"data.tokenizer={tok_path}"]
+            "--toy", "--jobs", "1", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "docs"),
+            "--set", "model.vocab_size=300", "--set", f"data.tokenizer={tok_path}", *sets]
 
 
 def val_losses(run_dir) -> list:
@@ -50,7 +61,7 @@ def check_figure(path, size, colors=()):
 
 
 def test_toy_ablation_writes_report_and_figures_and_resumes(tmp_path, tok_path):
-    command = toy_command("ablation", tmp_path, tok_path)
+    command = toy_command("ablation", tmp_path, tok_path, *SHARED_T)
     first = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "0 of 2 runs already done" in first.stdout
@@ -83,7 +94,7 @@ def test_toy_ablation_writes_report_and_figures_and_resumes(tmp_path, tok_path):
     assert f"one seed ({paired:+.3g}): no interval" in report
 
     wide, one_panel, small = (1300, 450), (650, 450), (600, 350)  # figsize x 100 dpi
-    # Pixels of each arm's colour (none, linear: tab10 colours 0 and 1); measured 98 to 1,361
+    # Pixels of each arm's colour (none, linear: tab10 colours 0 and 1); measured 98 to 1,355
     # (98: the none loss curve mostly hidden under linear's); the escape rates are bars of height 0.
     arms = lambda alpha: [("tab:blue", alpha, 20), ("tab:orange", alpha, 20)]
     for name, size, colors in [("loss_by_arm", wide, arms(1.0)), ("escape_rates", small, ()),
@@ -129,11 +140,11 @@ def test_toy_post_ln_t_sweep_plots_loss_against_t_l_over_steps(tmp_path, tok_pat
 
 def test_toy_gpu_experiment_trains_the_scaled_arm_and_draws_the_mechanism(tmp_path, tok_path):
     # The GPU experiment's own settings (Experiment E's: Post-LN, diagnostics), shrunk by --toy to 2
-    # layers of width 64 (from 512) and 4 steps: its first two arms are none and linear ProRes with
-    # updates x alpha.
+    # layers of width 64 (from 512) and 4 steps, and here to 4 heads (from 8): its first two arms are
+    # none and linear ProRes with updates x alpha.
     # Run as the GPU machine runs it (scripts/gpu_width.sh), which reports each run as it ends.
     env = {**os.environ, "OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs"), "PYTHON": sys.executable}
-    sets = toy_command("gpu_width", tmp_path, tok_path)[-4:]  # the toy's vocabulary and tokenizer
+    sets = toy_command("gpu_width", tmp_path, tok_path, *SHARED_HEADS)[-6:]  # the toy's vocabulary, tokenizer, heads
     run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_width.sh"), "--smoke", *sets],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -24,6 +24,9 @@ from andrea_jax.repro import experiments, runner
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
+# A run checkpoints at step 20 and trains 80 steps more: the window in which the test finds one stopped
+# mid-run and kills the sweep.
+CHECKPOINT_EVERY = 20
 SPEC = '''
 from andrea_jax.repro.sweep import Sweep
 SWEEP = Sweep(
@@ -32,8 +35,8 @@ SWEEP = Sweep(
     baseline={{"prores.schedule": "none"}},
     seeds=(0, 1),
     common=("model.d_model=32", "model.n_head=2", "model.seq_len=16", "model.vocab_size=300",
-            "data.tokenizer={tok}", "train.batch_size=2", "train.steps=200", "train.checkpoint_every=50",
-            "train.eval_every=100", "train.eval_batches=1", "train.sample_tokens=0", "prores.warmup=20",
+            "data.tokenizer={tok}", "train.batch_size=2", "train.steps=100", "train.checkpoint_every={every}",
+            "train.eval_every=50", "train.eval_batches=1", "train.sample_tokens=0", "prores.warmup=20",
             "diagnostics.tensorboard=false"),
 )
 '''
@@ -51,7 +54,7 @@ def array_commands(script: str) -> list[str]:
 
 def test_a_grid_runs_two_at_a_time_resumes_after_a_kill_and_reports(tmp_path, tok_path):
     spec, runs = tmp_path / "toy_sweep.py", tmp_path / "runs"
-    spec.write_text(SPEC.format(tok=tok_path))
+    spec.write_text(SPEC.format(tok=tok_path, every=CHECKPOINT_EVERY))
     exps = sweep_lib.groups(sweep_lib.load_spec(str(spec)))
     assert list(exps) == ["toy/n_layer=1", "toy/n_layer=2"]
     assert list(exps["toy/n_layer=1"].arms) == ["schedule=none", "schedule=linear"]
@@ -60,14 +63,16 @@ def test_a_grid_runs_two_at_a_time_resumes_after_a_kill_and_reports(tmp_path, to
     first = subprocess.Popen(sweep_command(spec, runs), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
     done = lambda: {n for n in names if (runs / n / "result.json").is_file()}
-    mid_run = lambda: [n for n in names if n not in done() and (runs / n / "checkpoints" / "50").is_dir()]
+    mid_run = lambda finished: [n for n in names if n not in finished
+                                and (runs / n / "checkpoints" / str(CHECKPOINT_EVERY)).is_dir()]
     deadline = time.monotonic() + 400
-    while not (len(done()) >= 2 and mid_run()):
+    while not (len(finished := done()) >= 2 and mid_run(finished)):
         assert time.monotonic() < deadline and first.poll() is None, first.communicate()[0][-3000:]
-        time.sleep(0.05)
+        time.sleep(0.01)
     os.killpg(first.pid, signal.SIGTERM)  # the sweep and its train.py processes, as a preemption would
     first.wait(timeout=120)
-    finished, stopped = done(), mid_run()
+    finished = done()
+    stopped = mid_run(finished)
     assert stopped and len(finished) < len(names)
     results_before = {n: (runs / n / "result.json").read_text() for n in finished}
 
@@ -283,7 +288,10 @@ def test_a_pack_trains_as_one_population_and_a_rerun_finds_its_runs_done(tmp_pat
     exp = experiments.toy(dataclasses.replace(experiments.GPU_WIDTH, arms={
         "lr1e-3": ("prores.schedule=linear", "optim.lr=1e-3"),
         "lr3e-3_alpha": ("prores.schedule=linear", "optim.lr=3e-3", "prores.scale_updates=alpha")}))
-    runs = runner.plan(exp, tmp_path / "gpu_width", extra=["model.vocab_size=300", f"data.tokenizer={tok_path}"])
+    # one block of width 32 (2 heads) instead of the toy's 2 of width 64 (8 heads): what is checked is the packing
+    # of the runs into one process, which the shape leaves alone, and the smaller step compiles faster
+    runs = runner.plan(exp, tmp_path / "gpu_width", extra=["model.vocab_size=300", f"data.tokenizer={tok_path}",
+                                                           "model.n_layer=1", "model.d_model=32", "model.n_head=2"])
     runner.snapshot_code(ROOT, tmp_path / "code")
     logged = []
     runner.run_all(runs, tmp_path / "code", 1, logged.append, pack=2)

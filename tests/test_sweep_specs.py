@@ -88,10 +88,14 @@ def test_g_again_keeps_its_schedules_above_adams_horizon_and_ends_the_ramp_by_ha
 
 def test_experiment_h_runs_at_a_toy_size(tmp_path, tok_path):
     runs = tmp_path / "runs"
+    # The toy shrunk further, to one block of width 32 (2 heads): the spec's arms and recipe still run, and a
+    # smaller step compiles faster. One run at a time: the second finds the programs the arms share (the
+    # state's initialisation, the evaluation) compiled by the first, where two at once would both compile them.
     proc = subprocess.run([sys.executable, "-m", "andrea_jax.repro.sweep", "scripts/sweeps/h_prores_or_warmup.py",
-                           "--runs", str(runs), "--jobs", "2", "--toy",
+                           "--runs", str(runs), "--jobs", "1", "--toy",
                            "--set", "data.source=embedded", "--set", "data.path=", "--set", "model.vocab_size=300",
-                           "--set", f"data.tokenizer={tok_path}"],
+                           "--set", f"data.tokenizer={tok_path}", "--set", "model.n_layer=1",
+                           "--set", "model.d_model=32", "--set", "model.n_head=2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert sorted(p.parent.name for p in runs.rglob("result.json")) == ["none_s0", "none_warmup312_s0"]
