@@ -11,12 +11,13 @@
 2. Pretokenization: HF tokenizers batch encoding over documents (the embedded corpus cut into
    paragraphs) with its 8449-token BPE.
 3. With --prepare: `python -m andrea_jax.data.prepare` (Beam DirectRunner, multi-processing) on a
-   synthetic corpus of --prepare-mb MB of .jsonl files (the embedded corpus's paragraphs, repeated),
-   with 1 and then 2 workers, each worker one core (RAYON_NUM_THREADS=1). Reports wall time, the
-   tokens/s per busy worker (tokens over the summed tokenizing seconds of the shards), the tokens
-   per CPU-second of the workers (the rate of a worker with a core to itself), and how many worker
-   processes tokenized shards and how many shards were tokenized at the same time. With
-   --prepare-runner dask: the same on a local Dask cluster of 1 and 2 worker processes.
+   synthetic corpus of --prepare-mb MB of .jsonl files (the embedded corpus's paragraphs, repeated; a
+   file of under half the corpus holds its first paragraphs), with 1 and then 2 workers, each worker
+   one core (RAYON_NUM_THREADS=1). Reports wall time, the tokens/s per busy worker (tokens over the
+   summed tokenizing seconds of the shards), the tokens per CPU-second of the workers (the rate of a
+   worker with a core to itself), and how many worker processes tokenized shards and how many shards
+   were tokenized at the same time. With --prepare-runner dask: the same on a local Dask cluster of 1
+   and 2 worker processes.
 
     python benchmarks/data.py                      # loader + pretokenization, synthetic 64M tokens
     python benchmarks/data.py --doc-tokens 50      # short documents: many records per window
@@ -94,10 +95,15 @@ def measure_prepare(tok_path: pathlib.Path, folder: pathlib.Path, megabytes: int
     if not corpus.is_dir():
         corpus.mkdir(parents=True)
         paragraphs = [p for p in pipeline.read_text(pipeline.EMBEDDED_CORPUS).split("\n\n") if p.strip()]
-        lines = "".join(json.dumps({"text": p}) + "\n" for p in paragraphs)
-        copies = max(1, round(megabytes * 2**20 / len(lines.encode()) / (2 * shards)))
+        lines = [json.dumps({"text": p}) + "\n" for p in paragraphs]
+        text = "".join(lines)
+        file_bytes = megabytes * 2**20 / (2 * shards)
+        copies = max(1, round(file_bytes / len(text.encode())))
+        if file_bytes < len(text.encode()) / 2:  # a toy size: each file the corpus's first paragraphs, not a copy
+            ends = np.cumsum([len(line.encode()) for line in lines])
+            text = "".join(lines[:max(1, int(np.searchsorted(ends, file_bytes)))])
         for f in range(2 * shards):
-            (corpus / f"part{f:03d}.jsonl").write_text(lines * copies)
+            (corpus / f"part{f:03d}.jsonl").write_text(text * copies)
     out = folder / f"out_{runner}{workers}"
     argv = ["--source", "hf-jsonl", "--path", str(corpus), "--out", str(out), "--tokenizer", str(tok_path),
             "--workers", str(workers), "--shards", str(shards), "--runner", runner]
