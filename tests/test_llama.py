@@ -97,13 +97,14 @@ def test_decay_mask_is_the_linears_the_head_and_the_final_norm():
     # decay alone, -lr * weight_decay * param on exactly those leaves.
     cfg = OptimConfig(lr=0.5, warmup_steps=0, weight_decay=0.1)
     tx = optim.make(cfg, 10, "llama")
-    params = jax.tree.map(lambda p: p + 1.0, params)
+    # in numpy (float32): op by op, jnp would compile its operations for every leaf's shape
+    params = jax.tree.map(lambda p: p + np.float32(1.0), jax.device_get(params))
     updates, _ = jax.jit(lambda p: tx.update(jax.tree.map(jnp.zeros_like, p), tx.init(p), p))(params)
     for path, u in jax.tree_util.tree_leaves_with_path(updates):
         p = params
         for k in path:
             p = p[k.key]
-        want = -0.5 * 0.1 * p if jax.tree_util.keystr(path) in decayed else jnp.zeros_like(p)
+        want = np.float32(-0.5 * 0.1) * p if jax.tree_util.keystr(path) in decayed else np.zeros_like(p)
         np.testing.assert_allclose(u, want, rtol=1e-6, err_msg=jax.tree_util.keystr(path))  # measured exact
     assert steps._tx_and_model(tiny())[0] is not steps._tx_and_model(configs.load("tiny"))[0]
 
