@@ -31,7 +31,7 @@ EXPECTED = {"['blocks']['attn_qkv_kernel']": P(None, "fsdp", None),
 
 
 def main():
-    batches = [np.asarray(jax.random.randint(jax.random.key(i), (16, 33), 0, 300), np.int32) for i in range(3)]
+    batches = [np.asarray(jax.random.randint(jax.random.key(i), base.TOKENS_SHAPE, 0, 300), np.int32) for i in range(3)]
     one_cfg = base.configure(CFG, (1, 1, 1))
     ref_losses, ref_state, _, ref_first = base.run(one_cfg, steps.make_mesh(one_cfg, jax.devices()[:1]), batches)
     ref_params = jax.device_get(ref_state.params)
