@@ -14,6 +14,11 @@ _XLA_CACHE = {"JAX_COMPILATION_CACHE_DIR": os.path.join(tempfile.gettempdir(), f
               "JAX_COMPILATION_CACHE_MAX_SIZE": "-1"}
 for _key, _value in _XLA_CACHE.items():
     os.environ.setdefault(_key, _value)
+# Compiles for a GPU that is not here (andrea_jax.aot) cannot use that cache; XLA:GPU's kernel cache keeps
+# their kernels instead. One folder per xdist worker: XLA rewrites the file whole, unlocked, so two
+# processes compiling at once could read each other's half-written file.
+os.environ.setdefault("ANDREA_GPU_KERNEL_CACHE", os.path.join(
+    os.environ["JAX_COMPILATION_CACHE_DIR"], "gpu_kernels", os.environ.get("PYTEST_XDIST_WORKER", "main")))
 # Compiling is most of the suite's time, so its programs compile cheaply: LLVM at -O1 instead of -O2, and
 # XLA:CPU's elemental emitters instead of its MLIR fusion emitters (fewer, larger fusions). On a toy train
 # step together they halve the compile time. -O0 would save more, but its rounding puts three tests

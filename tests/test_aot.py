@@ -168,3 +168,31 @@ def test_a_population_reports_its_memory_and_n_members_peak_above_one():
     lines = describe(cfg, "h200", 1, [four], population=4)
     assert lines[1].startswith("population of 4 members: one vmapped train step")
     assert lines[2].startswith("train step: compiled in") and f"peak {four.peak_bytes / 2**30:.2f} GiB" in lines[2]
+
+
+def test_a_gpu_compile_keeps_its_kernels_for_the_next_and_the_program_is_the_same(tmp_path, monkeypatch):
+    """With $ANDREA_GPU_KERNEL_CACHE set, a GPU compile writes the kernels XLA:GPU built into one file for
+    the device kind, and the next compile finds them all there (it adds nothing); both compile the
+    program a compile without the cache does."""
+    pytest.importorskip("jax_plugins.xla_cuda12", reason="needs the gpu-compile extra (the CUDA PJRT plugin)")
+    from andrea_jax import config as config_lib, configs
+
+    cfg = config_lib.validate(config_lib.override(configs.load("tiny"), [
+        "model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=16", "train.batch_size=2",
+        "model.vocab_size=300"]))
+    devices = aot.gpu_devices("h100", 1)
+    compile_gpu = lambda: aot.compile_steps(cfg, devices, eval_step=False, count_flops=False)[0]
+    monkeypatch.delenv(aot.KERNEL_CACHE, raising=False)
+    plain = compile_gpu()
+    monkeypatch.setenv(aot.KERNEL_CACHE, str(tmp_path / "kernels"))
+    first = compile_gpu()
+    (cache_file,) = (tmp_path / "kernels").iterdir()
+    assert cache_file.name == re.sub(r"[^a-z0-9]+", "_", aot.target_kind("h100").lower()).strip("_") + ".bin"
+    written = cache_file.read_bytes()
+    assert len(written) > 0
+    second = compile_gpu()
+    assert cache_file.read_bytes() == written
+    # the program without its metadata and stack frame tables, which say where it was compiled from
+    program = lambda report: re.sub(r", metadata=\{[^}]*\}", "", report.hlo.split("\nFileNames\n")[0])
+    assert program(plain) == program(first) == program(second)
+    assert plain.peak_bytes == first.peak_bytes == second.peak_bytes

@@ -4,9 +4,9 @@
 
 Importing this package imports no jax: the command starts jax itself, after JAX_PLATFORMS is set.
 """
-from andrea_jax.aot.compile import StepReport, compile_steps, unsupported_jax, xla_flops
+from andrea_jax.aot.compile import KERNEL_CACHE, StepReport, compile_steps, unsupported_jax, xla_flops
 from andrea_jax.aot.gpus import (GPUS_PER_HOST, TARGETS, gpu_devices, target_compute_capability, target_config,
                                  target_kind, target_memory)
 
-__all__ = ["StepReport", "compile_steps", "unsupported_jax", "xla_flops", "GPUS_PER_HOST", "TARGETS",
+__all__ = ["KERNEL_CACHE", "StepReport", "compile_steps", "unsupported_jax", "xla_flops", "GPUS_PER_HOST", "TARGETS",
            "gpu_devices", "target_compute_capability", "target_config", "target_kind", "target_memory"]

@@ -3,6 +3,8 @@ XLA made of them (StepReport: memory, FLOPs, kernels, matmul dtypes)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import time
 
 from andrea_jax.aot.hlo_stats import convert_fusions, cudnn_attention_operands, kernel_counts, matmul_dtypes
@@ -32,9 +34,26 @@ class StepReport:
         return d | {"peak_bytes": self.peak_bytes}
 
 
-def _report(step: str, lowered, flops: float | None = None) -> StepReport:
+# A folder where GPU compiles keep the kernels XLA:GPU compiled (ptxas is most of a deviceless compile's
+# time), one file per device kind, for the next compile of the same kernels here or in another process.
+KERNEL_CACHE = "ANDREA_GPU_KERNEL_CACHE"
+
+
+def kernel_cache_options(backend: str, devices) -> dict:
+    """The compile options that point XLA:GPU at $ANDREA_GPU_KERNEL_CACHE's file for these devices' kind
+    (a cubin serves one architecture); none for the CPU or without the variable. XLA reuses a kernel
+    only for the same fused computation and arguments, so the compiled program does not change."""
+    folder = os.environ.get(KERNEL_CACHE)
+    if backend != "gpu" or not folder:
+        return {}
+    os.makedirs(folder, exist_ok=True)
+    kind = re.sub(r"[^a-z0-9]+", "_", devices[0].device_kind.lower()).strip("_")
+    return {"xla_gpu_kernel_cache_file": os.path.join(folder, f"{kind}.bin")}
+
+
+def _report(step: str, lowered, flops: float | None = None, options: dict | None = None) -> StepReport:
     t0 = time.perf_counter()
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=options or None)
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     hlo = compiled.as_text()
@@ -96,6 +115,7 @@ def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = T
 
     # gpu: Pallas through Triton, cuDNN attention where it applies, jax-triton's kernels for the
     # capability; the caller's target is back afterwards
+    options = kernel_cache_options(backend, devices)
     with platform.target(backend, compute_capability):
         mesh = steps.make_mesh(cfg, devices)
         state = steps.abstract_state(cfg, mesh)
@@ -105,14 +125,15 @@ def compile_steps(cfg, devices, *, eval_step: bool = True, count_flops: bool = T
             members = [cfg] * population
             lowered = population_lib.make_train_step(members, mesh).lower(
                 population_lib.abstract_state(members, mesh), tokens)
-            return [_report("train", lowered)]
+            return [_report("train", lowered, options=options)]
         reports = [_report("train", steps.make_train_step(cfg, mesh).lower(state, tokens),
-                           xla_flops(cfg, mesh, state, tokens) if count_flops else None)]
+                           xla_flops(cfg, mesh, state, tokens) if count_flops else None, options)]
         if eval_step:
             replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
             step = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
             bytes_V = jax.ShapeDtypeStruct((cfg.model.vocab_size,), np.int32, sharding=replicated)
             params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   state.params, sharding.param_shardings(cfg, mesh))
-            reports.append(_report("eval", steps.make_eval_step(cfg, mesh).lower(params, step, tokens, bytes_V)))
+            reports.append(_report("eval", steps.make_eval_step(cfg, mesh).lower(params, step, tokens, bytes_V),
+                                   options=options))
         return reports
