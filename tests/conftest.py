@@ -1,4 +1,5 @@
 """Fixtures shared by several test modules, and one XLA compilation cache for the whole suite."""
+import dataclasses
 import os
 import tempfile
 
@@ -82,8 +83,29 @@ def trained_run(tmp_path_factory, tok_path):
     return make
 
 
+@pytest.fixture(scope="session")
+def embedded_corpus_cache(tmp_path_factory, tok_path):
+    """An ANDREA_CACHE holding what most runs build first from the embedded corpus, built once per
+    test process: its TFDS dataset, and the tokenizer and token file of `tiny`'s vocabulary (8449),
+    of 300 tokens, and of tok_path."""
+    from andrea_jax import configs
+
+    cache = tmp_path_factory.mktemp("embedded_corpus_cache")
+    data = configs.load("tiny").data
+    for data_cfg, vocab_size in ((data, 8449), (data, 300), (dataclasses.replace(data, tokenizer=str(tok_path)), 300)):
+        pipeline.tokenized_corpus(data_cfg, vocab_size=vocab_size, seq_len=16, cache_dir=cache)
+    return cache
+
+
 @pytest.fixture(autouse=True)
-def own_andrea_cache(tmp_path_factory, monkeypatch):
-    """Every test (and every process it starts) gets its own empty ANDREA_CACHE: no test reads a
-    tokenizer or token file another test or an earlier session left behind."""
-    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path_factory.mktemp("andrea_cache")))
+def own_andrea_cache(tmp_path_factory, monkeypatch, embedded_corpus_cache):
+    """Every test (and every process it starts) gets its own ANDREA_CACHE, holding only the session's
+    embedded_corpus_cache: no test reads a file another test or an earlier session wrote. Its files are
+    hard links: the pipeline never writes a cache file in place (it writes a new one and renames it)."""
+    cache = tmp_path_factory.mktemp("andrea_cache")
+    for path in embedded_corpus_cache.rglob("*"):
+        if path.is_file() and path.name != "build.lock":
+            target = cache / path.relative_to(embedded_corpus_cache)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, target)
+    monkeypatch.setenv("ANDREA_CACHE", str(cache))
