@@ -15,9 +15,9 @@
 #   5. population    8 members of the 24-block tiny recipe in one vmapped step against the same
 #                    member-steps taken solo, one after another (benchmarks/population.py)
 #   6. microbatches  the paper's 512 x 1024 batch as train.microbatches slices of 64 rows
-#   7. gpu_width     scripts/gpu_width.sh --pack 4 in the time the phases left of the 470 s, if its
-#                    wheels were carried (.whl); it keeps each run that finishes. A whole gpu_width
-#                    needs a call of its own.
+#   7. gpu_width     scripts/gpu_width.sh (Experiment L's key arms at width 512) in the time the phases
+#                    left of the 470 s, if its wheels and corpus were carried (.whl, .gpu_corpus); it
+#                    keeps each run that finishes. A whole gpu_width needs a call of its own.
 # Each phase runs under its own timeout; every result is appended to $out/results.jsonl the
 # moment it exists (one JSON object per line, fields in benchmarks/train_step.py), so a phase
 # that times out keeps all it finished. tokens/s, MFU and peak memory are printed as they come.
@@ -81,11 +81,12 @@ echo "== phase microbatches (timeout ${t_micro}s)"
 timeout "$t_micro" "$py" benchmarks/train_step.py "${model[@]}" "${micro_args[@]}" --phase microbatches \
   --budget-s $((t_micro / 2)) --jsonl "$results" 2>&1 | grep --line-buffered -v '^{' | tee "$out/microbatches.log"
 left=$((470 - SECONDS))
-if [ "${1:-}" != "--smoke" ] && [ -d .whl ] && [ "$left" -gt 60 ]; then
+if [ "${1:-}" != "--smoke" ] && [ -d .whl ] && [ -d .gpu_corpus ] && [ "$left" -gt 60 ]; then
   echo "== phase gpu_width (the ${left}s left)"
-  OUT="$out/gpu_width" timeout "$left" bash scripts/gpu_width.sh --pack 4 2>&1 | tee "$out/gpu_width.log"
+  OUT="$out/gpu_width" timeout "$left" bash scripts/gpu_width.sh 2>&1 | tee "$out/gpu_width.log"
 else
-  why="${left}s left, wheels in .whl: $([ -d .whl ] && echo yes || echo no)"
+  why="${left}s left, wheels in .whl: $([ -d .whl ] && echo yes || echo no), corpus in .gpu_corpus: $(
+    [ -d .gpu_corpus ] && echo yes || echo no)"
   echo "== phase gpu_width not run: $why$([ "${1:-}" = "--smoke" ] && echo ', --smoke')"
 fi
 echo "== $(wc -l < "$results") results in $results"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The data stack's wheels for the GPU machine (Python 3.12, x86-64), whose image lacks grain and
 # tensorflow-datasets, into .whl/ (git-ignored), the versions this venv tested; the device tool
-# carries the folder (`carry: [".whl"]`) and scripts/gpu_width.sh installs it there.
+# carries the folder (`carry: [".whl", ".gpu_corpus"]`, the corpus from scripts/gpu_corpus.sh) and
+# scripts/gpu_width.sh installs it there.
 #
 #   bash scripts/gpu_wheels.sh
 set -eu
 cd "$(dirname "$0")/.."
 py="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-grep -qxs '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
 mkdir -p .whl
+echo '*' > .whl/.gitignore   # ignored by git, and so left behind by the device tool unless carried, in a worktree too
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
          manylinux2014_x86_64 manylinux1_x86_64; do

@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tarfile
 
 import numpy as np
 import pytest
@@ -14,12 +15,10 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-# The toys of experiments A, D and E are one Post-LN recipe (Experiment A's) with different arms, and the XLA
-# cache is shared: with the same heads and ProRes T their arms are the same programs, compiled once. A's
-# linear arm takes D's T2 arm's T, and E's toy A's 4 heads (from 8), so A and D compile only the none arm and
-# one linear arm, and E only its linear_alpha arm.
+# The toys of experiments A and D are one Post-LN recipe (Experiment A's) with different arms, and the XLA
+# cache is shared: with the same ProRes T their arms are the same programs, compiled once. A's linear arm
+# takes D's T2 arm's T, so A and D compile only the none arm and one linear arm.
 SHARED_T = ("--set", "prores.warmup=2")
-SHARED_HEADS = ("--set", "model.n_head=4")
 
 
 def toy_command(experiment: str, tmp_path, tok_path, *sets: str) -> list:
@@ -138,34 +137,36 @@ def test_toy_post_ln_t_sweep_plots_loss_against_t_l_over_steps(tmp_path, tok_pat
     assert "prores_repro/postln_tsweep/t_sweep.png" in report
 
 
-def test_toy_gpu_experiment_trains_the_scaled_arm_and_draws_the_mechanism(tmp_path, tok_path):
-    # The GPU experiment's own settings (Experiment E's: Post-LN, diagnostics), shrunk by --toy to 2
-    # layers of width 64 (from 512) and 4 steps, and here to 4 heads (from 8): its first two arms are
-    # none and linear ProRes with updates x alpha.
-    # Run as the GPU machine runs it (scripts/gpu_width.sh), which reports each run as it ends.
+def test_gpu_width_smoke_trains_the_width_512_sweep_as_populations_and_reports_each_run(tmp_path, tok_path):
+    # scripts/gpu_width.sh as the GPU machine runs it (the sweep of scripts/sweeps/l_width512.py, each
+    # run's line as it ends, the report), in its --smoke form: --toy's first two runs, `none` at LR 3e-4
+    # and 1e-3, as 2 layers of width 64 for 4 steps, here with 4 heads (from 8) on the embedded corpus
+    # (from the GPU subset), one population of both (the script's --pack 3).
     env = {**os.environ, "OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs"), "PYTHON": sys.executable}
-    sets = toy_command("gpu_width", tmp_path, tok_path, *SHARED_HEADS)[-6:]  # the toy's vocabulary, tokenizer, heads
-    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_width.sh"), "--smoke", *sets],
+    sets = ["data.source=embedded", "data.path=", "model.vocab_size=300", f"data.tokenizer={tok_path}",
+            "model.n_head=4"]
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_width.sh"), "--smoke",
+                          *(a for s in sets for a in ("--set", s))],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
-    finished = [json.loads(line) for line in (tmp_path / "out" / "gpu_width_runs.jsonl").read_text().splitlines()]
-    assert sorted(r["run"] for r in finished) == ["linear_alpha_s0", "none_s0"]
+    out = tmp_path / "out"
+    finished = [json.loads(line) for line in (out / "gpu_width_runs.jsonl").read_text().splitlines()]
+    assert sorted(r["run"] for r in finished) == ["none_lr1e-3_s0", "none_lr3e-4_s0"]
     assert all(r["outcome"] == "finished" and r["step"] == 4 and math.isfinite(r["val_loss"]) for r in finished)
-    assert (tmp_path / "out" / "RESULTS.md").read_text() == (tmp_path / "runs" / "report" / "RESULTS.md").read_text()
-    runs = tmp_path / "runs" / "gpu_width"
-    config = json.loads((runs / "linear_alpha_s0" / "config.json").read_text())
-    assert (config["model"]["d_model"], config["model"]["norm"], config["optim"]["lr"]) == (64, "post", 1e-3)
-    assert config["model"]["seq_len"] == 16 and config["train"]["batch_size"] == 2  # the toy's, not the GPU's
-    assert (config["prores"]["schedule"], config["prores"]["scale_updates"]) == ("linear", "alpha")
-    lines = [json.loads(l) for l in (runs / "linear_alpha_s0" / "metrics.jsonl").read_text().splitlines()]
-    diag = [l for l in lines if "update_ratio" in l]
-    assert diag and all(len(l["update_ratio"]) == len(l["mlp_branch_ratio"]) == 2 for l in diag)
-    assert diag[0]["update_ratio"] == [0.0, 0.0]  # step 1: alpha 0 everywhere (and the LR warmup starts at 0)
-    report = (tmp_path / "runs" / "report" / "RESULTS.md").read_text()
-    assert "| linear_alpha | 1 / 0 / 0 |" in report
-    assert "unscaled MLP branch ratio ||F|| / ||x|| (median over layers) at step T L / 2" in report
-    check_figure(tmp_path / "runs" / "report" / "prores_repro" / "gpu_width" / "mechanism.png", (1800, 450),
-                 [("tab:blue", 1.0, 20), ("tab:orange", 1.0, 20)])
+    runs = tmp_path / "runs" / "l_width512"
+    for name, lr in (("none_lr3e-4_s0", 3e-4), ("none_lr1e-3_s0", 1e-3)):
+        config = json.loads((runs / name / "config.json").read_text())
+        assert (config["model"]["d_model"], config["model"]["n_layer"], config["model"]["norm"]) == (64, 2, "pre")
+        assert (config["optim"]["lr"], config["prores"]["schedule"]) == (lr, "none")
+        assert json.loads((runs / name / "result.json").read_text())["pack"]   # trained as one population
+    assert (out / "RESULTS.md").read_text() == (tmp_path / "runs" / "report" / "RESULTS.md").read_text()
+    assert "| none_lr3e-4 | 1 / 0 / 0 |" in (out / "RESULTS.md").read_text()
+    assert set(json.loads((out / "summary.json").read_text())["experiments"]["l_width512"]["runs"]) == {
+        "none_lr3e-4_s0", "none_lr1e-3_s0"}
+    with tarfile.open(out / "runs.tar.gz") as archive:
+        kept = sorted(archive.getnames())
+    assert kept == sorted(f"l_width512/{run}/{file}" for run in ("none_lr3e-4_s0", "none_lr1e-3_s0")
+                          for file in ("config.json", "metrics.jsonl", "result.json"))
 
 
 @pytest.mark.parametrize("name", sorted(__import__("andrea_jax.repro.experiments", fromlist=["x"]).EXPERIMENTS))

@@ -262,35 +262,36 @@ def test_each_run_holds_its_own_gpus_while_it_runs(tmp_path, monkeypatch):
 
 
 def test_pack_groups_the_runs_a_population_can_hold_and_refuses_one_no_population_can(tmp_path):
-    """--pack N, planned without training: the GPU experiment's 6 arms are `none` (no ProRes) and 4 linear
+    """--pack N, planned without training: Experiment E at width 512's 6 arms are `none` (no ProRes) and 4 linear
     ones that differ only in the LR and prores.scale_updates, which a population holds per member."""
-    runs = runner.plan(experiments.GPU_WIDTH, tmp_path)
+    width512 = experiments.SCALED_POST_LN_WIDTH_512
+    runs = runner.plan(width512, tmp_path)
     assert runner.packs(runs, 3) == [["none_s0", "none_lr3e-4_s0"],
                                      ["linear_alpha_s0", "linear_s0", "linear_alpha_lr3e-4_s0"], ["linear_lr3e-4_s0"]]
     assert runner.packs(runs, 6) == [["none_s0", "none_lr3e-4_s0"],
                                      ["linear_alpha_s0", "linear_s0", "linear_alpha_lr3e-4_s0", "linear_lr3e-4_s0"]]
     assert runner.packs(runs, 1) == [[name] for name in runs]
     # Two seeds read two data orders: their runs never share a population.
-    seeds = runner.plan(experiments.GPU_WIDTH, tmp_path, seeds=[0, 1], arms=["none", "none_lr3e-4"])
+    seeds = runner.plan(width512, tmp_path, seeds=[0, 1], arms=["none", "none_lr3e-4"])
     assert runner.packs(seeds, 4) == [["none_s0", "none_lr3e-4_s0"], ["none_s1", "none_lr3e-4_s1"]]
     command = runner.pack_command(runs, ["none_s0", "none_lr3e-4_s0"])
     assert command[command.index("--workdir") + 1] == str(tmp_path)
     members = [i for i, a in enumerate(command) if a == "--member"]
     assert [command[i + 1] for i in members] == ["none_s0", "none_lr3e-4_s0"]
     assert command[members[1] + 2:] == runner.command_parts(runs["none_lr3e-4_s0"][0])[1]
-    muon = dataclasses.replace(experiments.GPU_WIDTH, arms={"none": ("prores.schedule=none",),
-                                                            "muon": ("prores.schedule=none", "optim.name=muon")})
+    muon = dataclasses.replace(width512, arms={"none": ("prores.schedule=none",),
+                                               "muon": ("prores.schedule=none", "optim.name=muon")})
     with pytest.raises(ConfigError, match=r"--pack: run muon_s0 cannot be trained in a population \(optim\.name"):
         runner.packs(runner.plan(muon, tmp_path), 2)
 
 
 def test_a_pack_trains_as_one_population_and_a_rerun_finds_its_runs_done(tmp_path, tok_path):
-    exp = experiments.toy(dataclasses.replace(experiments.GPU_WIDTH, arms={
+    exp = experiments.toy(dataclasses.replace(experiments.SCALED_POST_LN_WIDTH_512, arms={
         "lr1e-3": ("prores.schedule=linear", "optim.lr=1e-3"),
         "lr3e-3_alpha": ("prores.schedule=linear", "optim.lr=3e-3", "prores.scale_updates=alpha")}))
     # one block of width 32 (2 heads) instead of the toy's 2 of width 64 (8 heads): what is checked is the packing
     # of the runs into one process, which the shape leaves alone, and the smaller step compiles faster
-    runs = runner.plan(exp, tmp_path / "gpu_width", extra=["model.vocab_size=300", f"data.tokenizer={tok_path}",
+    runs = runner.plan(exp, tmp_path / "width512", extra=["model.vocab_size=300", f"data.tokenizer={tok_path}",
                                                            "model.n_layer=1", "model.d_model=32", "model.n_head=2"])
     runner.snapshot_code(ROOT, tmp_path / "code")
     logged = []

@@ -20,7 +20,7 @@ SPECS = sorted(p for p in (ROOT / "scripts" / "sweeps").glob("*.py") if not p.na
 QUESTIONS = {"h_prores_or_warmup": 5, "h_depth_params": 5, "h_lr_control": 5,
              "i_postln_lr": 4, "i_postln_lr_low": 2, "i_postln_best": 4, "j_sandwich": 4, "j_weight_decay": 3,
              "k_postln_dose": 3, "k_postln_dose_scripts": 3, "k_function_preserving": 5, "g_depth_again": 5,
-             "m_muon_tiny": 5, "m_muon_postln": 5, "l_stage1": 2}
+             "m_muon_tiny": 5, "m_muon_postln": 5, "l_stage1": 2, "l_width512": 1}
 
 
 @pytest.fixture(autouse=True)
@@ -191,3 +191,25 @@ def test_experiment_l_stage_1_is_the_pre_registered_recipe():
     assert deficit("ramp_equal") == 2880
     mup = resolved("l_stage1", "depth_mup_lr1e-3")   # tuned at its base depth, where it is SP
     assert (mup.model.n_layer, mup.model.depth_base, mup.model.init) == (6, 6, "normal")
+
+
+def test_l_width512_is_ls_five_key_arms_at_width_512_on_three_lrs_and_ls_recipe_otherwise(monkeypatch, tmp_path):
+    monkeypatch.setenv("ANDREA_GPU_CORPUS", str(tmp_path / "gpu_corpus"))
+    monkeypatch.syspath_prepend(str(ROOT / "scripts" / "sweeps"))
+    import _l_choice
+    import l_stage1
+    assert _l_choice.choose()[1] == "warmup1000"   # the best warmup by L's rule, on the kept stage-1 reports
+    exp = sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "l_width512.py")))["l_width512"]
+    key_arms, lrs = ("none", "warmup1000", "linear", "ramp_linear", "ramp_equal"), ("3e-4", "1e-3", "3e-3")
+    assert sorted(exp.arms) == sorted(f"{arm}_lr{lr}" for arm in key_arms for lr in lrs) and exp.seeds == (0,)
+    settings = {**l_stage1.ARMS, **_l_choice.EXTRA_ARMS}
+    for name in exp.arms:
+        cfg = resolved("l_width512", name)
+        assert (cfg.model.d_model, cfg.model.n_head, cfg.model.n_layer, cfg.model.norm) == (512, 8, 24, "pre"), name
+        assert (cfg.data.path, cfg.train.checkpoint_every) == (str(tmp_path / "gpu_corpus"), 0), name
+        # everything else is L's run of this arm at this LR: its recipe and the arm's settings
+        arm, lr = name.rsplit("_lr", 1)
+        ls_run = [*l_stage1.L_COMMON, *settings[arm], f"optim.lr={lr}"]
+        assert cfg == config_lib.override(configs.load("tiny"), [
+            *ls_run, "model.d_model=512", "model.n_head=8", f"data.path={tmp_path / 'gpu_corpus'}",
+            "train.checkpoint_every=0"]), name

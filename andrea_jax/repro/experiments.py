@@ -193,15 +193,15 @@ def _depth_scaled(n_layer: int) -> Experiment:
     )
 
 
-# The GPU experiment: is the CPU's Post-LN trap a small-width effect? Experiment E unchanged but for
-# the width (d_model 512, 8 heads), at its LR and at 3e-4, seed 0: 6 runs, 3 processes at once on one
-# GPU (XLA_PYTHON_CLIENT_PREALLOCATE=false). Its runs are train.py on the embedded corpus, so the
-# machine needs the data stack (grain, tensorflow-datasets, array-record, tokenizers). Its size (about
-# 6 minutes of one H200) is a plan, not yet a measurement.
+# Is the CPU's Post-LN trap a small-width effect? Experiment E unchanged but for the width (d_model
+# 512, 8 heads), at its LR and at 3e-4, seed 0: 6 runs, for a GPU, 3 processes at once
+# (XLA_PYTHON_CLIENT_PREALLOCATE=false). Its runs are train.py on the embedded corpus, so the machine
+# needs the data stack (grain, tensorflow-datasets, array-record, tokenizers). Its size (about 6
+# minutes of one H200) is a plan, not a measurement.
 _WIDTH_ARMS = {k: _SCALED_ARMS[k] for k in ("none", "linear_alpha", "linear")}  # linear_alpha 2nd: --toy runs it
-GPU_WIDTH = dataclasses.replace(
+SCALED_POST_LN_WIDTH_512 = dataclasses.replace(
     SCALED_POST_LN,
-    name="gpu_width",
+    name="postln_scaled_width512",
     title="GPU: Experiment E at width 512 (8 heads), LR 1e-3 and 3e-4",
     arms={**_WIDTH_ARMS, **{f"{k}_lr3e-4": (*v, "optim.lr=3e-4") for k, v in _WIDTH_ARMS.items()}},
     common=(*SCALED_POST_LN.common, "model.d_model=512", "model.n_head=8"),
@@ -213,7 +213,8 @@ GPU_WIDTH = dataclasses.replace(
 
 EXPERIMENTS = {e.name: e for e in (ABLATION, STABILITY, T_SWEEP, POST_LN_T_SWEEP, SCALED_POST_LN,
                                    SCALED_POST_LN_LLAMA, SCALED_POST_LN_8X, SCALED_POST_LN_LONG, SCALED_TINY,
-                                   *(_depth_scaled(n) for n in (12, 24, 48)), GPU_WIDTH)}
+                                   *(_depth_scaled(n) for n in (12, 24, 48)),
+                                   SCALED_POST_LN_WIDTH_512)}
 
 # A few steps of a 2-layer model of width 64: the end-to-end test of the script, not an experiment.
 TOY_SETS = ("model.n_layer=2", "model.d_model=64", "train.steps=4", "train.batch_size=2", "model.seq_len=16",
