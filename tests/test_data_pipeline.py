@@ -2,6 +2,7 @@
 the TFDS source, and training from a local folder through train.py."""
 import json
 import sys
+import tempfile
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -50,6 +51,17 @@ def test_local_folder_every_document_in_order_separated_by_end_of_text(tmp_path,
     records = tfds.builder_from_directory(str(version_dir)).as_data_source(split="train")
     assert [r["text"].decode() for r in records] == docs
     assert "tensorflow" not in sys.modules
+
+
+def test_a_build_leaves_no_temporary_folder_behind(tmp_path, cache, tok_path, monkeypatch):
+    # TFDS looks a dataset it has not built up in its public bucket through a folder it never removes
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    write_nested_corpus(tmp_path / "corpus")
+    pipeline.tokenized_corpus(files_cfg(tmp_path / "corpus", tokenizer=str(tok_path)), vocab_size=300, seq_len=8,
+                              cache_dir=cache)
+    assert list(temp.iterdir()) == []
 
 
 def test_validation_set_is_the_fixed_tail(tmp_path, cache, tok_path):

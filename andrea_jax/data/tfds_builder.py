@@ -38,6 +38,14 @@ def files_key(files: Sequence[pathlib.Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+class _LocalDatasetInfo(tfds.core.DatasetInfo):
+    """A dataset built here is never in TFDS's public bucket; TFDS's lookup of it there, at every build,
+    would leave an empty temporary folder behind."""
+
+    def initialize_from_bucket(self) -> None:
+        return None
+
+
 class AndreaTextFiles(tfds.core.GeneratorBasedBuilder):
     """Documents of local .txt / .jsonl files, in one `train` split."""
 
@@ -65,7 +73,7 @@ class AndreaTextFiles(tfds.core.GeneratorBasedBuilder):
         print(f"data: built {self.info.splits['train'].num_examples:,} document(s)", flush=True)
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
+        return _LocalDatasetInfo(
             builder=self, description="Documents of local .txt / .jsonl files (ANDREA-JAX).",
             features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
             disable_shuffling=True)
