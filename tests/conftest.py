@@ -98,14 +98,18 @@ def embedded_corpus_cache(tmp_path_factory, tok_path):
 
 
 @pytest.fixture(autouse=True)
-def own_andrea_cache(tmp_path_factory, monkeypatch, embedded_corpus_cache):
-    """Every test (and every process it starts) gets its own ANDREA_CACHE, holding only the session's
-    embedded_corpus_cache: no test reads a file another test or an earlier session wrote. Its files are
-    hard links: the pipeline never writes a cache file in place (it writes a new one and renames it)."""
+def own_andrea_cache(request, tmp_path_factory, monkeypatch):
+    """Every test (and every process it starts) gets its own ANDREA_CACHE: no test reads a file another
+    test or an earlier session wrote. In a parallel session (pytest -n, the README's) it starts with
+    hard links to the files of embedded_corpus_cache, which pays for itself over hundreds of tests but
+    not for a test or a file run alone; the pipeline never writes a cache file in place (it writes a
+    new one and renames it), so a link is never changed."""
     cache = tmp_path_factory.mktemp("andrea_cache")
-    for path in embedded_corpus_cache.rglob("*"):
-        if path.is_file() and path.name != "build.lock":
-            target = cache / path.relative_to(embedded_corpus_cache)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(path, target)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        built = request.getfixturevalue("embedded_corpus_cache")
+        for path in built.rglob("*"):
+            if path.is_file() and path.name != "build.lock":
+                target = cache / path.relative_to(built)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(path, target)
     monkeypatch.setenv("ANDREA_CACHE", str(cache))
