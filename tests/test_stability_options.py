@@ -142,7 +142,8 @@ def test_z_loss_adds_its_term_to_the_gradient_and_is_logged_apart():
     assert float(want_z) > 1e-3  # log Z is about ln V at init: a term that changes the gradient
     np.testing.assert_allclose(metrics["z_loss"], want_z, rtol=1e-5)
     np.testing.assert_allclose(metrics["loss"], want_total - want_z, rtol=1e-6)  # the cross-entropy; measured equal
-    np.testing.assert_allclose(metrics["grad_norm"], global_norm(want_grads), rtol=1e-5)  # measured 3e-8
+    # two programs sum the gradient in two orders: measured 2.6e-8 relative, 3.4e-8 under AVX2
+    np.testing.assert_allclose(metrics["grad_norm"], global_norm(want_grads), rtol=1e-6)
     assert abs(global_norm(grads_plain) - float(metrics["grad_norm"])) > 1e-4
     assert not np.array_equal(jax.device_get(new_state.params)["tok_embedding"], params["tok_embedding"])
 
