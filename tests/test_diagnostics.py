@@ -326,19 +326,21 @@ def test_a_skipped_nonfinite_loss_is_a_spike_and_leaves_later_windows_alone():
         assert flags[i] == want, i
 
 
-def test_tensorboard_writes_without_loading_torch_and_torch_loads_after(tmp_path):
-    # In a fresh process, as a run starts: the writer's import does not pull in torch (seconds of
-    # every run's start where the test extra installs it), and leaves torch importable.
+def test_tensorboard_writes_without_loading_torch_or_cloud_clients_and_they_load_after(tmp_path):
+    # In a fresh process, as a run starts: the writer's import pulls in neither torch (seconds of every
+    # run's start where the test extra installs it) nor the bucket clients tensorboardX probes for, and
+    # leaves each importable.
     program = (
         "import sys\n"
         "from andrea_jax.train import metrics\n"
         f"writer = metrics.summary_writer_class()({str(tmp_path)!r})\n"
         "writer.add_scalar('loss', 2.5, 7)\n"
         "writer.close()\n"
-        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded')\n"
+        "print(sorted(name for name in ('torch', 'google.cloud.storage', 'boto3') if name in sys.modules))\n"
         "import torch\n"
-        "print(torch.ones(2).sum().item())\n")
+        "from google.cloud import storage\n"
+        "print(torch.ones(2).sum().item(), storage.Client.__name__)\n")
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["torch", "not", "loaded", "2.0"]
+    assert proc.stdout.splitlines() == ["[]", "2.0 Client"]
     assert read_tensorboard_scalars(tmp_path) == {"loss": [(7, 2.5)]}

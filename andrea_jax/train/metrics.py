@@ -31,19 +31,27 @@ def _tensorboard(cfg: Config, run_dir: Workdir):
     return summary_writer_class()(str(run_dir.tensorboard))
 
 
+# What tensorboardX probes for at import, only to accept their tensors (torch) or to write to a bucket
+# (google-cloud-storage, boto3). A run's event files are local and its metrics Python floats, and
+# where these packages are installed the probes cost each run's start seconds (torch) or a third of a
+# second (the cloud clients).
+_PROBED_BY_TENSORBOARDX = ("torch", "google.cloud.storage", "boto3")
+
+
 def summary_writer_class():
-    """tensorboardX's SummaryWriter, imported only when used. At import tensorboardX probes for
-    torch, only so that it may accept torch tensors; these metrics are Python floats, and where torch
-    is installed the probe costs seconds of every run's start. Unless torch is loaded already, the
-    probe is shown none; torch imports as usual afterwards."""
-    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+    """tensorboardX's SummaryWriter, imported only when used, with its probes shown none of the
+    packages above that are not loaded already; they import as usual afterwards."""
+    if "tensorboardX" in sys.modules:
         from tensorboardX import SummaryWriter
         return SummaryWriter
-    sys.modules["torch"] = None  # `import torch` raises ImportError while this entry stands
+    hidden = [name for name in _PROBED_BY_TENSORBOARDX if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # `import name` raises ImportError while this entry stands
     try:
         from tensorboardX import SummaryWriter
     finally:
-        del sys.modules["torch"]
+        for name in hidden:
+            del sys.modules[name]
     return SummaryWriter
 
 
