@@ -1,10 +1,11 @@
 """`python -m andrea_jax.data.prepare`: one Beam pipeline (DirectRunner, 2 worker processes, 3
-shards) whose token ids equal the single-process path's document by document; idempotent reruns;
-an interrupted run completed on rerun; TFDS reads the output as its own array_record dataset; the
-tokenizer's uniform sample; bad input in one line; published files (hf-jsonl) and a TFDS dataset
-prepared and then trained on with data.source=prepared."""
+shards) whose token ids equal the single-process path's document by document, and nothing left in
+the temporary folder; idempotent reruns; an interrupted run completed on rerun; TFDS reads the
+output as its own array_record dataset; the tokenizer's uniform sample; bad input in one line;
+published files (hf-jsonl) and a TFDS dataset prepared and then trained on with data.source=prepared."""
 import json
 import os
+import tempfile
 
 import apache_beam  # noqa: F401  a test dependency (pyproject.toml's `test` extra): never skipped
 import numpy as np
@@ -38,11 +39,16 @@ def mtimes(out):
     return {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
 
 
-def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_path, tok_path, capsys):
+def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_path, tok_path, capsys, monkeypatch):
     write_corpus(tmp_path / "corpus", n_files=5, paragraphs=PARAGRAPHS)
     docs = [*PARAGRAPHS, LAST_DOCUMENT]
     out = tmp_path / "prepared"
+    temp = tmp_path / "temp"  # the temporary folder of this process and the workers it starts
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0, capsys.readouterr().err
+    assert not list(temp.iterdir())  # Beam's runners leave folders there; a prepare removes them
     tok = tok_lib.load(tok_path)
 
     # Document by document, in corpus order: each document's own encoding followed by end-of-text.
