@@ -31,10 +31,9 @@ def _tensorboard(cfg: Config, run_dir: Workdir):
     return summary_writer_class()(str(run_dir.tensorboard))
 
 
-# What tensorboardX probes for at import, only to accept their tensors (torch) or to write to a bucket
-# (google-cloud-storage, boto3). A run's event files are local and its metrics Python floats, and
-# where these packages are installed the probes cost each run's start seconds (torch) or a third of a
-# second (the cloud clients).
+# What tensorboardX imports at its own import where installed, only to accept their tensors (torch) or
+# to write to a bucket (google-cloud-storage, boto3). A run's event files are local and its metrics
+# Python floats: none is needed, and importing them is a large part of a short run's start.
 _PROBED_BY_TENSORBOARDX = ("torch", "google.cloud.storage", "boto3")
 
 
