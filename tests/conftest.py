@@ -40,6 +40,17 @@ startup.start_jax()  # as every command does: the CUDA plugin's lines on a machi
 from andrea_jax.data import pipeline, tokenizer as tok_lib  # noqa: E402
 
 
+@pytest.fixture
+def empty_temporary_folder(tmp_path, monkeypatch):
+    """An empty folder made the temporary folder (TMPDIR and tempfile's) of this process and of those
+    it starts, for checking what a command leaves there."""
+    folder = tmp_path / "temporary"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tok_path(tmp_path_factory):
     """A small tokenizer (300 tokens) trained once, so most tests need not train their own."""

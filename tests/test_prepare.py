@@ -5,7 +5,6 @@ output as its own array_record dataset; the tokenizer's uniform sample; bad inpu
 published files (hf-jsonl) and a TFDS dataset prepared and then trained on with data.source=prepared."""
 import json
 import os
-import tempfile
 
 import apache_beam  # noqa: F401  a test dependency (pyproject.toml's `test` extra): never skipped
 import numpy as np
@@ -39,16 +38,13 @@ def mtimes(out):
     return {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
 
 
-def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_path, tok_path, capsys, monkeypatch):
+def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_path, tok_path, capsys,
+                                                                           empty_temporary_folder):
     write_corpus(tmp_path / "corpus", n_files=5, paragraphs=PARAGRAPHS)
     docs = [*PARAGRAPHS, LAST_DOCUMENT]
     out = tmp_path / "prepared"
-    temp = tmp_path / "temp"  # the temporary folder of this process and the workers it starts
-    temp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(temp))
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0, capsys.readouterr().err
-    assert not list(temp.iterdir())  # Beam's runners leave folders there; a prepare removes them
+    assert not list(empty_temporary_folder.iterdir())  # Beam's runners leave folders there; a prepare removes them
     tok = tok_lib.load(tok_path)
 
     # Document by document, in corpus order: each document's own encoding followed by end-of-text.

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import apache_beam as beam
@@ -107,19 +106,15 @@ def test_dask_output_is_the_direct_runners_byte_for_byte(tokenizer, scheduler, t
     assert len(pids) == 2 and os.getpid() not in pids
 
 
-def test_local_dask_cluster_and_an_empty_corpus_without_tokenizer(tmp_path, tok_path, capsys, monkeypatch):
+def test_local_dask_cluster_and_an_empty_corpus_without_tokenizer(tmp_path, tok_path, capsys, empty_temporary_folder):
     """No --scheduler: a local cluster of --workers processes, which leaves nothing in the temporary
     folder. A corpus without documents is reported as such, and only such a corpus (on Dask,
     Top.Smallest's output is lost, which must not read as an empty corpus)."""
     corpus = write_corpus(tmp_path / "corpus", n_files=2)
     assert run_prepare(corpus, tmp_path / "direct", "--tokenizer", str(tok_path), shards=2) == 0
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(temp))
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     assert run_prepare(corpus, tmp_path / "dask", "--tokenizer", str(tok_path), "--runner", "dask", shards=2) == 0, \
         capsys.readouterr().err
-    assert not list(temp.iterdir())
+    assert not list(empty_temporary_folder.iterdir())
     assert contents(tmp_path / "dask") == contents(tmp_path / "direct")
     capsys.readouterr()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import logging
-import tempfile
 from typing import Iterator
 
 from andrea_jax.errors import DataError, MissingExtraError, is_missing
@@ -28,14 +27,8 @@ def scheduler(address: str | None, workers: int, timeout_s: float = 30.0) -> Ite
     # Set after the import, which configures it: the scheduler of a local cluster logs every step at INFO.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     if address is None:
-        import dask
-
-        # The cluster's scratch folder is its own, removed with it (by default it is
-        # TMPDIR/dask-scratch-space, left behind).
-        with tempfile.TemporaryDirectory(prefix="andrea_dask_") as scratch, \
-                dask.config.set({"temporary-directory": scratch}), \
-                distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                         dashboard_address=":0", silence_logs=logging.ERROR) as cluster:
+        with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster:
             yield cluster.scheduler_address
         return
     check(address, timeout_s)

@@ -41,6 +41,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 import time
 from typing import Sequence
 
@@ -132,7 +133,7 @@ def run_pipeline(args, beam_extra: Sequence[str] = ()) -> dict:
     plan = {"out": str(out), "shards": args.shards, "units": units, "name": name, "source_key": source_key,
             "assignment": assign_shards(sizes, args.shards)}
     _remove_half_written(out)
-    with _scheduler(args) as address:
+    with _own_temporary_folder(), _scheduler(args) as address:
         options = pipelines.beam_options(RUNNERS[args.runner], args.workers, beam_extra, address)
         if tok_json is None:   # phase 1: the tokenizer, saved where phase 2's workers read it
             pipelines.run(lambda p: pipelines.tokenizer_graph(
@@ -161,6 +162,24 @@ def _remove_half_written(out) -> None:
         return
     for leftover in out.glob("*.tmp*"):
         leftover.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _own_temporary_folder():
+    """TMPDIR, for this process and the workers it starts, a new folder, removed at exit with all in
+    it. Beam's runners (a staging cache, file sinks' scratch, the direct runner's worker files) and a
+    local Dask cluster (its workers' scratch space) make folders there and leave them behind."""
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="andrea_prepare_") as folder:
+        os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+        try:
+            yield
+        finally:
+            tempfile.tempdir = saved_tempdir
+            if saved_env is None:
+                os.environ.pop("TMPDIR")
+            else:
+                os.environ["TMPDIR"] = saved_env
 
 
 def _scheduler(args):

@@ -18,11 +18,8 @@ tokenizer; the manifest): `ends_in_one_sink` checks the last (tests/test_prepare
 """
 from __future__ import annotations
 
-import contextlib
 import heapq
 import math
-import os
-import tempfile
 from typing import Callable, Iterator, Sequence
 
 import apache_beam as beam
@@ -178,37 +175,17 @@ def beam_options(runner: str, workers: int, extra: Sequence[str], scheduler: str
     return args + list(extra)
 
 
-@contextlib.contextmanager
-def _own_temporary_folder():
-    """TMPDIR (for this process and the workers it starts) a new folder, removed at exit with all
-    in it. Beam's runners make folders there (a staging cache, file sinks' scratch, the direct
-    runner's worker files) and leave them, empty or not, after every run."""
-    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
-    with tempfile.TemporaryDirectory(prefix="andrea_prepare_") as folder:
-        os.environ["TMPDIR"], tempfile.tempdir = folder, folder
-        try:
-            yield
-        finally:
-            tempfile.tempdir = saved_tempdir
-            if saved_env is None:
-                os.environ.pop("TMPDIR")
-            else:
-                os.environ["TMPDIR"] = saved_env
-
-
 def run(graph: Callable[[beam.Pipeline], object], options: Sequence[str]) -> None:
-    """Builds the pipeline with `graph` and runs it to the end (closing the Dask runner's client),
-    in a temporary folder of its own."""
-    with _own_temporary_folder():
-        p = beam.Pipeline(options=PipelineOptions(list(options)))
-        graph(p)
-        result = p.run()
-        try:
-            result.wait_until_finish()
-        finally:
-            client = getattr(result, "client", None)   # the Dask runner's, which it leaves open
-            if client is not None:
-                client.close()
+    """Builds the pipeline with `graph` and runs it to the end (closing the Dask runner's client)."""
+    p = beam.Pipeline(options=PipelineOptions(list(options)))
+    graph(p)
+    result = p.run()
+    try:
+        result.wait_until_finish()
+    finally:
+        client = getattr(result, "client", None)   # the Dask runner's, which it leaves open
+        if client is not None:
+            client.close()
 
 
 def ends_in_one_sink(p: beam.Pipeline) -> list[str]:
