@@ -87,6 +87,10 @@ def small_config(**model_changes):
         train=dataclasses.replace(cfg.train, steps=10, batch_size=2))
 
 
+# The key bias's gradient is zero but for rounding (softmax ignores what a query adds to all its keys), and
+# Adam's first update is about lr x its sign: the two steps' updates agree to rounding only where both
+# programs round alike, as at -O1, not -O0.
+@pytest.mark.compiled_at_o1
 def test_layer_gradient_norms_equal_autodiff_of_the_loop(norm="pre"):
     cfg = small_config(norm=norm)
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=0))  # a first update that moves

@@ -53,6 +53,9 @@ def one_step_from_the_same_state():
     return out
 
 
+# The key bias's gradient is zero but for rounding, which Adam scales to an update of size lr: the two
+# programs' updates of it agree only where they round alike, as at -O1 (bit-equal), not -O0.
+@pytest.mark.compiled_at_o1
 @pytest.mark.parametrize("mode,factor", [("alpha", ALPHAS), ("sqrt_alpha", np.sqrt(ALPHAS))])
 def test_each_block_s_update_is_its_factor_times_adamw_s(one_step_from_the_same_state, mode, factor):
     before, plain, plain_loss = one_step_from_the_same_state["none"]
