@@ -28,7 +28,8 @@ def test_unmarked_sees_o0():
 def test_a_marked_test_runs_at_o1_in_a_pytest_of_its_own_and_its_failure_fails_the_suite(tmp_path):
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_marked.py").write_text(MARKED)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT", "ANDREA_TESTS_O1"))}
+    outer = ("PYTEST_XDIST", "PYTEST_CURRENT", "ANDREA_TESTS_O1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(outer)}
     env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_marked.py"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
