@@ -43,8 +43,8 @@ startup.start_jax()  # as every command does: the CUDA plugin's lines on a machi
 
 from andrea_jax.data import pipeline, tokenizer as tok_lib  # noqa: E402
 
-_AT_O1 = ("compiled_at_o1: the test's bounds are -O1's rounding; where the suite compiles at -O0 it runs in a "
-          "pytest process of its own at -O1")
+_AT_O1 = ("compiled_at_o1: the test's bounds are -O1's rounding, or it runs far more than it compiles; where the "
+          "suite compiles at -O0 it runs in a pytest process of its own at -O1")
 _O1_PROCESS = "ANDREA_TESTS_O1_PROCESS"
 
 

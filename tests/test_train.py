@@ -8,6 +8,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import train
 from andrea_jax import config as config_lib, configs, model as model_lib
@@ -121,6 +122,7 @@ def test_evaluation_reports_bits_per_byte_of_the_scored_text(tok_path):
     assert abs(got["val_bpb"] - nll / np.log(2) / n_bytes) < 1e-5
 
 
+@pytest.mark.compiled_at_o1  # a step and an evaluation of the whole model: -O0's code runs slower
 def test_andrea_120m_on_the_embedded_corpus_stops_in_one_line_and_its_smoke_override_runs(tmp_path):
     base = [sys.executable, "train.py", "--config", "andrea_120m"]
     proc = subprocess.run(base + ["--workdir", str(tmp_path / "full")], capture_output=True, text=True, timeout=600)
