@@ -33,8 +33,11 @@ def table_row(out: str, first_cell: str) -> list[str]:
 
 
 def profile(toy: pathlib.Path, tmp: pathlib.Path) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite.py"), "--tmpdir", str(tmp),
-                           "--workers", "1", "--", str(toy)], capture_output=True, text=True, timeout=300)
+    # --rootdir: else pytest roots the toy at the common ancestor of the checkout and tmp_path, and its test ids
+    # would carry the path between
+    command = [sys.executable, str(ROOT / "benchmarks" / "suite.py"), "--tmpdir", str(tmp), "--workers", "1", "--",
+               f"--rootdir={toy}", str(toy)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 passed" in proc.stdout, proc.stdout
     return proc.stdout
