@@ -38,6 +38,8 @@ def resolved(spec_name: str, arm: str, group: str | None = None) -> config_lib.C
 # them refuses with the reason (tests/test_l_choice.py and test_m_choice.py load them on made-up reports).
 AWAITING = {"l_stage1_ext": "no report of l_stage1|need no extension",
             "l_stage2": "no report of l_stage1|still need extensions",
+            "l48_warmup": "no report of l_stage(1|2)|not due",
+            "l48": "no report of l(_stage1|_stage2|48_warmup)|not due",
             "mh_horizon": "no report of l_stage", "mw_width_lr": "no report of l_stage",
             "mw_width": "no report of (l_stage|mw_width_lr)|still need"}
 

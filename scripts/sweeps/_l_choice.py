@@ -69,3 +69,10 @@ def choose(stage1_summary: pathlib.Path | None = None, ext_summary: pathlib.Path
     if best_warmup == "warmup500" and LONGER_WARMUP not in grid:
         needed[LONGER_WARMUP] = tuple(grid["warmup500"])
     return best, best_warmup, needed
+
+
+def primary(best: dict, best_warmup: str) -> tuple:
+    """The three pre-registered primary contrasts (name, arm A, arm B), A - B, as stage-2 arm names."""
+    name = lambda arm: f"{arm}_lr{best[arm]}"
+    return (("a", name("linear"), name("none")), ("b", name("ramp_linear"), name("ramp_equal")),
+            ("c", name("ramp_linear"), name(best_warmup)))

@@ -11,7 +11,7 @@ import sys
 
 from andrea_jax.errors import ConfigError
 from andrea_jax.repro.sweep import Sweep
-from _l_choice import EXTRA_ARMS, choose
+from _l_choice import EXTRA_ARMS, choose, primary
 from l_stage1 import ARMS, L_COMMON
 
 BEST, BEST_WARMUP, NEEDED = choose()
@@ -38,10 +38,8 @@ SWEEP = Sweep(
 def decide_command(summary: str = "/".join(("docs", "l", "stage2", "prores_repro", "summary.json"))) -> str:
     """The pre-registered contrasts (a), (b), (c) at the margin 0.02, Holm over the three, on stage 2's
     report (written by the --report command above)."""
-    arm = lambda name: f"{summary}:{NAME[name]}"
-    return (f"python -m andrea_jax.repro.decide --margin 0.02 --contrast a {arm('linear')} {arm('none')} "
-            f"--contrast b {arm('ramp_linear')} {arm('ramp_equal')} "
-            f"--contrast c {arm('ramp_linear')} {arm(BEST_WARMUP)}")
+    return "python -m andrea_jax.repro.decide --margin 0.02 " + " ".join(
+        f"--contrast {c} {summary}:{a} {summary}:{b}" for c, a, b in primary(BEST, BEST_WARMUP))
 
 
 if __name__ == "__main__":
