@@ -1,6 +1,7 @@
 """Experiment L's tables (scripts/sweeps/_l_report.py) on made-up reports: the stage-1 grid with the
 chosen LR, the primary contrasts as pre-registered, each arm's stage 2, the uncorrected secondary
-contrasts against none, linear and ramp_linear, with a failed run counted, never dropped."""
+contrasts against none, linear and ramp_linear, with a failed run counted, never dropped; the pairs
+whose two runs ran on different machines."""
 import json
 
 import numpy as np
@@ -28,7 +29,15 @@ def test_l_tables_from_made_up_reports(tmp_path):
     data = json.loads(stage2_path.read_text())
     data["experiments"]["l_stage2"]["runs"]["gates_lr1e-3_s3"].update(outcome="failed", final_val_loss=None)
     stage2_path.write_text(json.dumps(data))
-    text = _l_report.markdown(stage1_path, tmp_path / "no_ext.json", stage2_path)
+    for arm, lr in (("none", "1e-3"), ("linear", "1e-3"), ("ramp_linear", "2e-3"), ("ramp_equal", "1e-3"),
+                    ("warmup250", "1e-3")):
+        for seed in SEEDS:   # two of ramp_equal's runs on the second machine
+            (tmp_path / "runs" / f"{arm}_lr{lr}_s{seed}").mkdir(parents=True)
+            started = _l_report.MACHINE_SWITCH + (60 if arm == "ramp_equal" and seed in (3, 7) else -60)
+            (tmp_path / "runs" / f"{arm}_lr{lr}_s{seed}" / "result.json").write_text(json.dumps({"started": started}))
+    text = _l_report.markdown(stage1_path, tmp_path / "no_ext.json", stage2_path, tmp_path / "runs")
+    assert "- (a) linear_lr1e-3 − none_lr1e-3: 0 of 16 pairs on two machines\n" in text
+    assert "- (b) ramp_linear_lr2e-3 − ramp_equal_lr1e-3: 2 of 16 pairs on two machines (seeds 3, 7)\n" in text
 
     grid = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
     mean = lambda first: f"{np.mean([first, first + 0.01]):.3f}"   # stage1(): the second seed 0.01 above

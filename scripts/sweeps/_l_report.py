@@ -1,11 +1,13 @@
 """Experiment L's tables (docs/preregistered/L.md, "Report") from its kept reports: each arm's stage-1
 LR grid with the chosen LR, the three primary contrasts as pre-registered (margin 0.02, Holm over
-three), every arm's stage-2 mean, the secondary contrasts (uncorrected) and the machine time.
+three), every arm's stage-2 mean, the secondary contrasts (uncorrected), the primary pairs whose two
+runs ran on different machines, and the machine time.
 
     python scripts/sweeps/_l_report.py     # markdown on standard output
 """
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import pathlib
@@ -15,10 +17,15 @@ import numpy as np
 
 from _l_choice import EXT_EXPERIMENT, EXT_SUMMARY, LADDER, STAGE1_EXPERIMENT, STAGE1_SUMMARY, choose, primary
 from _l48_choice import L_STAGE2_SUMMARY
+from _questions import ROOT
 from l_stage1 import ARMS, STAGE1_SEEDS, TUNED_AT_BASE_DEPTH
 
 SECONDARY_AGAINST = ("none", "linear", "ramp_linear")
 STAGE2_EXPERIMENT = "l_stage2"
+STAGE2_RUNS = ROOT / "runs" / "sweeps" / "l_stage2" / STAGE2_EXPERIMENT
+# Stage 2 moved machines between sittings (docs/l/LOG.md, sitting 12): a run whose last start came
+# before this moment ran on an Intel Xeon with AVX-512, from it on an AMD EPYC with AVX2 only.
+MACHINE_SWITCH = datetime.datetime(2026, 12, 6, 8, 53, tzinfo=datetime.timezone.utc).timestamp()
 
 
 def _experiment(path: pathlib.Path, name: str) -> dict:
@@ -85,8 +92,21 @@ def machine_time(experiments: dict) -> str:
     return "\n".join(lines)
 
 
+def straddling(contrasts: tuple, seeds, runs_dir: pathlib.Path, switch: float = MACHINE_SWITCH) -> str:
+    """For each contrast (name, arm A, arm B), the seeds whose two runs started on either side of
+    `switch` (result.json's `started`): pairs that share weights and data order but not the rounding."""
+    def before(name, seed):
+        return json.loads((runs_dir / f"{name}_s{seed}" / "result.json").read_text())["started"] < switch
+    lines = []
+    for c, a, b in contrasts:
+        mixed = [s for s in seeds if before(a, s) != before(b, s)]
+        lines.append(f"- ({c}) {a} − {b}: {len(mixed)} of {len(seeds)} pairs on two machines"
+                     + (f" (seeds {', '.join(map(str, mixed))})" if mixed else ""))
+    return "\n".join(lines)
+
+
 def markdown(stage1_path: pathlib.Path | None = None, ext_path: pathlib.Path | None = None,
-             stage2_path: pathlib.Path | None = None) -> str:
+             stage2_path: pathlib.Path | None = None, runs_dir: pathlib.Path | None = None) -> str:
     from andrea_jax.repro import compare, decide
     stage1_path, ext_path = stage1_path or STAGE1_SUMMARY, ext_path or EXT_SUMMARY
     stage2_path = stage2_path or L_STAGE2_SUMMARY
@@ -106,6 +126,8 @@ def markdown(stage1_path: pathlib.Path | None = None, ext_path: pathlib.Path | N
         arm_table(list(names.values()), stage2),
         "## Secondary contrasts (reported, not corrected for their number)",
         secondary_table(names, stage2_path),
+        "## Pairs that ran on two machines",
+        straddling(primary(best, best_warmup), stage2["seeds"], runs_dir or STAGE2_RUNS),
         "## Machine time",
         machine_time({"stage 1": stage1, "stage 1's extensions": ext, "stage 2": stage2}),
     ]) + "\n"
