@@ -7,6 +7,7 @@ T (L + 1) / 2 at 48 blocks, and W at the best warmup's stage-1 value.
 """
 from __future__ import annotations
 
+import json
 import pathlib
 
 from _l_choice import EXTRA_ARMS, choose, mean_loss, primary
@@ -66,7 +67,6 @@ def best_warmup(summary: pathlib.Path | None = None) -> str:
     if not summary.is_file():
         raise ConfigError(f"{summary}: no report of {WARMUP_EXPERIMENT} to choose the warmup from; run "
                           f"l48_warmup.py and its --report first")
-    import json
     runs = json.loads(summary.read_text())["experiments"][WARMUP_EXPERIMENT]["runs"]
     for arm in warmup_arms():
         for seed in STAGE1_SEEDS:

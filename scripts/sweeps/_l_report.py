@@ -73,7 +73,7 @@ def secondary_table(names: dict, stage2_path: pathlib.Path) -> str:
     for against in SECONDARY_AGAINST:
         b = compare.load_arm(f"{stage2_path}:{names[against]}")
         for arm, name in names.items():
-            if arm == against or (against != "none" and arm in SECONDARY_AGAINST[:SECONDARY_AGAINST.index(against)]):
+            if arm in SECONDARY_AGAINST[:SECONDARY_AGAINST.index(against) + 1]:   # itself, or a row already shown
                 continue
             d = list(decide.paired(compare.load_arm(f"{stage2_path}:{name}"), b).values())
             t, p = stats.paired_t(d), stats.sign_flip_p(d)["p"]
