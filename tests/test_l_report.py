@@ -29,12 +29,13 @@ def test_l_tables_from_made_up_reports(tmp_path):
     data = json.loads(stage2_path.read_text())
     data["experiments"]["l_stage2"]["runs"]["gates_lr1e-3_s3"].update(outcome="failed", final_val_loss=None)
     stage2_path.write_text(json.dumps(data))
+    runs = tmp_path / "runs" / "l_stage2" / "l_stage2"
     for arm, lr in (("none", "1e-3"), ("linear", "1e-3"), ("ramp_linear", "2e-3"), ("ramp_equal", "1e-3"),
                     ("warmup250", "1e-3")):
         for seed in SEEDS:   # two of ramp_equal's runs on the second machine
-            (tmp_path / "runs" / f"{arm}_lr{lr}_s{seed}").mkdir(parents=True)
+            (runs / f"{arm}_lr{lr}_s{seed}").mkdir(parents=True)
             started = _l_report.MACHINE_SWITCH + (60 if arm == "ramp_equal" and seed in (3, 7) else -60)
-            (tmp_path / "runs" / f"{arm}_lr{lr}_s{seed}" / "result.json").write_text(json.dumps({"started": started}))
+            (runs / f"{arm}_lr{lr}_s{seed}" / "result.json").write_text(json.dumps({"started": started}))
     text = _l_report.markdown(stage1_path, tmp_path / "no_ext.json", stage2_path, tmp_path / "runs")
     assert "- (a) linear_lr1e-3 − none_lr1e-3: 0 of 16 pairs on two machines\n" in text
     assert "- (b) ramp_linear_lr2e-3 − ramp_equal_lr1e-3: 2 of 16 pairs on two machines (seeds 3, 7)\n" in text
@@ -62,3 +63,15 @@ def test_l_tables_from_made_up_reports(tmp_path):
     assert want in secondary
     assert not any(line.startswith(("| none_lr1e-3 − linear", "| linear_lr1e-3 − ramp_linear"))
                    for line in secondary)
+
+
+def test_machine_time_counts_the_time_some_run_was_training_once(tmp_path):
+    # Two runs at once over [0, 10] and [5, 20], a pause, then one over [100, 130]: 50 s, not 65 or 130.
+    for name, (started, ended) in {"a_s0": (0, 10), "a_s1": (5, 20), "a_s2": (100, 130)}.items():
+        (tmp_path / "l2" / name).mkdir(parents=True)
+        (tmp_path / "l2" / name / "result.json").write_text(json.dumps({"started": started, "ended": ended}))
+    (tmp_path / "l2" / "a_s3").mkdir()   # not finished: no result.json
+    assert _l_report.busy_seconds(tmp_path / "l2") == 50.0
+    exp = {"runs": {"a_s0": {}, "a_s1": {}, "a_s2": {}}, "train_seconds": 7200.0}
+    table = _l_report.machine_time({"stage 2": (exp, tmp_path / "l2"), "stage 1": (exp, tmp_path / "gone")})
+    assert "| stage 2 | 3 | 2.0 h | 0.0 h |" in table and "| stage 1 | 3 | 2.0 h | runs not here |" in table

@@ -218,7 +218,9 @@ KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scale
                  "scripts/sweeps/k_function_preserving.py"),
                 ("docs/g/depth_again", "runs/sweeps/g_depth_again", "scripts/sweeps/g_depth_again.py"),
                 *[(f"docs/i/{name}", f"runs/sweeps/i_{name}", f"scripts/sweeps/i_{name}.py")
-                  for name in ("postln_lr", "postln_lr_low", "postln_best")]]
+                  for name in ("postln_lr", "postln_lr_low", "postln_best")],
+                *[(f"docs/l/{name}", f"runs/sweeps/l_{name}", f"scripts/sweeps/l_{name}.py")
+                  for name in ("stage1_ext", "stage2")]]   # stage1's report opens with a note written by hand
 
 
 @pytest.mark.parametrize("out, runs, spec", KEPT_REPORTS, ids=[k[0] for k in KEPT_REPORTS])

@@ -22,7 +22,7 @@ from l_stage1 import ARMS, STAGE1_SEEDS, TUNED_AT_BASE_DEPTH
 
 SECONDARY_AGAINST = ("none", "linear", "ramp_linear")
 STAGE2_EXPERIMENT = "l_stage2"
-STAGE2_RUNS = ROOT / "runs" / "sweeps" / "l_stage2" / STAGE2_EXPERIMENT
+RUNS = ROOT / "runs" / "sweeps"
 # Stage 2 moved machines between sittings (docs/l/LOG.md, sitting 12): a run whose last start came
 # before this moment ran on an Intel Xeon with AVX-512, from it on an AMD EPYC with AVX2 only.
 MACHINE_SWITCH = datetime.datetime(2026, 12, 6, 8, 53, tzinfo=datetime.timezone.utc).timestamp()
@@ -82,13 +82,25 @@ def secondary_table(names: dict, stage2_path: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
-def machine_time(experiments: dict) -> str:
-    """Each part's runs, their summed training time and the report's wall time."""
-    lines = ["| part | runs | training, summed over runs | wall time of the sweep |", "|---|---|---|---|"]
-    for label, exp in experiments.items():
-        wall = exp.get("wall_seconds", math.nan)
-        lines.append(f"| {label} | {len(exp['runs'])} | {exp.get('train_seconds', math.nan) / 3600:.1f} h | "
-                     f"{wall / 3600:.1f} h |")
+def busy_seconds(runs_dir: pathlib.Path) -> float:
+    """The time at least one run of runs_dir was training: the union of its runs' [started, ended]
+    (result.json). A sweep paused, resumed and shared with other work over days has no single wall time."""
+    spans = sorted((r["started"], r["ended"]) for r in (json.loads(p.read_text()) for p in
+                                                         runs_dir.glob("*/result.json")) if "ended" in r)
+    total, end = 0.0, -math.inf
+    for start, stop in spans:
+        total += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    return total
+
+
+def machine_time(parts: dict) -> str:
+    """Each part (label -> its report's experiment and its runs' folder): its runs, their summed
+    training time and the time a run of it was training."""
+    lines = ["| part | runs | training, summed over runs | time with a run training |", "|---|---|---|---|"]
+    for label, (exp, runs_dir) in parts.items():
+        busy = f"{busy_seconds(runs_dir) / 3600:.1f} h" if runs_dir.is_dir() else "runs not here"
+        lines.append(f"| {label} | {len(exp['runs'])} | {exp.get('train_seconds', math.nan) / 3600:.1f} h | {busy} |")
     return "\n".join(lines)
 
 
@@ -106,7 +118,8 @@ def straddling(contrasts: tuple, seeds, runs_dir: pathlib.Path, switch: float = 
 
 
 def markdown(stage1_path: pathlib.Path | None = None, ext_path: pathlib.Path | None = None,
-             stage2_path: pathlib.Path | None = None, runs_dir: pathlib.Path | None = None) -> str:
+             stage2_path: pathlib.Path | None = None, runs_root: pathlib.Path = RUNS) -> str:
+    """L's tables; runs_root holds the three sweeps' run folders (l_stage1, l_stage1_ext, l_stage2)."""
     from andrea_jax.repro import compare, decide
     stage1_path, ext_path = stage1_path or STAGE1_SUMMARY, ext_path or EXT_SUMMARY
     stage2_path = stage2_path or L_STAGE2_SUMMARY
@@ -127,9 +140,11 @@ def markdown(stage1_path: pathlib.Path | None = None, ext_path: pathlib.Path | N
         "## Secondary contrasts (reported, not corrected for their number)",
         secondary_table(names, stage2_path),
         "## Pairs that ran on two machines",
-        straddling(primary(best, best_warmup), stage2["seeds"], runs_dir or STAGE2_RUNS),
+        straddling(primary(best, best_warmup), stage2["seeds"], runs_root / "l_stage2" / STAGE2_EXPERIMENT),
         "## Machine time",
-        machine_time({"stage 1": stage1, "stage 1's extensions": ext, "stage 2": stage2}),
+        machine_time({"stage 1": (stage1, runs_root / "l_stage1" / STAGE1_EXPERIMENT),
+                      "stage 1's extensions": (ext, runs_root / "l_stage1_ext" / EXT_EXPERIMENT),
+                      "stage 2": (stage2, runs_root / "l_stage2" / STAGE2_EXPERIMENT)}),
     ]) + "\n"
 
 
