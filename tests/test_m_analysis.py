@@ -1,0 +1,88 @@
+"""Experiment M's pre-registered analysis (scripts/sweeps/_m_analysis.py) on made-up runs whose gaps
+are exact lines in ln(t - 480) and ln(width): the per-seed slopes come back, the four slopes' sign-flip
+p's are Holm-adjusted together, each verdict follows its sign, a lost seed is counted, and the crossing
+width is 64 exp(-gap64 / slope) of the seed means."""
+import json
+import math
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+SWEEPS = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "sweeps"
+sys.path.insert(0, str(SWEEPS))
+import _m_analysis  # noqa: E402
+
+SEEDS = tuple(range(200, 208))
+H_SLOPE = {"linear": [-0.02 - 0.001 * i for i in range(8)],          # toward the paper, 8 of 8
+           "ramp": [(-1) ** i * (0.01 + 0.001 * i) for i in range(8)]}  # both signs
+W_SLOPE = {"linear": [-0.05 - 0.002 * i for i in range(8)],           # toward the paper
+           "ramp": [0.03 + 0.001 * i for i in range(8)]}              # away from it
+GAP64 = {"linear": [0.1 + 0.01 * i for i in range(8)], "ramp": [0.02] * 8}
+
+
+def write_run(folder: pathlib.Path, losses: dict, outcome: str = "finished"):
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({"outcome": outcome}))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "loss": 9.0}) + "\n" +
+                                                  json.dumps({"step": t, "val_loss": v}) + "\n"
+                                                  for t, v in sorted(losses.items())))
+
+
+def made_up_runs(root: pathlib.Path, lost_ramp_seed: int | None = None) -> pathlib.Path:
+    none = lambda i, t: 6.0 + 1.0 / math.log(t) + 0.01 * i
+    for i, seed in enumerate(SEEDS):
+        for steps in (2000, 8000):
+            write_run(_m_analysis.horizon_run(root, "none", seed, steps),
+                      {t: none(i, t) for t in range(500, steps + 1, 500)})
+        for w in (128, 192):
+            write_run(_m_analysis.width_run(root, "none", seed, w), {t: none(i, t) - 0.1 * w / 64
+                                                                     for t in range(500, 2001, 500)})
+        for arm in ("linear", "ramp"):
+            # 8000 steps: the gap a line in ln(t - 480), intercept of no matter
+            gaps = {t: 0.3 + H_SLOPE[arm][i] * math.log(t - 480) for t in range(500, 8001, 500)}
+            write_run(_m_analysis.horizon_run(root, arm, seed, 8000), {t: none(i, t) + g for t, g in gaps.items()},
+                      "failed" if arm == "ramp" and seed == lost_ramp_seed else "finished")
+            # width w's final gap: GAP64 + W_SLOPE ln(w / 64); width 64 is the 2000-step horizon run
+            final = {w: GAP64[arm][i] + W_SLOPE[arm][i] * math.log(w / 64) for w in (64, 128, 192)}
+            write_run(_m_analysis.horizon_run(root, arm, seed, 2000),
+                      {t: none(i, t) + final[64] for t in range(500, 2001, 500)})
+            for w in (128, 192):
+                write_run(_m_analysis.width_run(root, arm, seed, w),
+                          {t: none(i, t) - 0.1 * w / 64 + final[w] for t in range(500, 2001, 500)})
+    return root
+
+
+def test_the_slopes_their_holm_family_and_verdicts(tmp_path):
+    runs = made_up_runs(tmp_path, lost_ramp_seed=207)
+    assert list(_m_analysis.horizon_slopes(runs, "linear").values()) == pytest.approx(H_SLOPE["linear"], abs=1e-9)
+    ramp_h = _m_analysis.horizon_slopes(runs, "ramp")
+    assert ramp_h[207] is None and [ramp_h[s] for s in SEEDS[:7]] == pytest.approx(H_SLOPE["ramp"][:7], abs=1e-9)
+    result = _m_analysis.analyse(runs)
+    rows = {r["slope"]: r for r in result["rows"]}
+    assert list(rows) == ["linear, ln(t - 480)", "ramp, ln(t - 480)", "linear, ln(width)", "ramp, ln(width)"]
+    assert (rows["ramp, ln(t - 480)"]["n"], rows["ramp, ln(t - 480)"]["lost"]) == (7, 1)
+    assert rows["linear, ln(width)"]["mean"] == pytest.approx(np.mean(W_SLOPE["linear"]), abs=1e-9)
+    # 8 seeds of one sign: exact sign-flip p 2 / 2^8; Holm over the four multiplies the smallest by 4.
+    for name in ("linear, ln(t - 480)", "linear, ln(width)", "ramp, ln(width)"):
+        assert rows[name]["p"] == pytest.approx(2 / 2 ** 8) and rows[name]["holm_p"] == pytest.approx(4 * 2 / 2 ** 8)
+    assert rows["ramp, ln(t - 480)"]["holm_p"] > 0.05
+    assert [r["verdict"] for r in result["rows"]] == ["toward the paper", "no direction shown", "toward the paper",
+                                                      "away from the paper"]
+    assert result["ends"]["linear"][0] == pytest.approx(np.mean(GAP64["linear"]), abs=1e-9)
+
+    # Only linear's width slope is toward the paper with a positive gap at 64.
+    assert list(result["crossings"]) == ["linear"]
+    crossing = result["crossings"]["linear"]
+    assert crossing["w"] == pytest.approx(64 * math.exp(-np.mean(GAP64["linear"]) / np.mean(W_SLOPE["linear"])))
+    assert crossing["lo"] < crossing["w"] < crossing["hi"] and crossing["never"] == 0
+    text = _m_analysis.markdown(result)
+    assert "| ramp, ln(t - 480) | 7 (1) |" in text and f"{crossing['w']:.0f} [" in text
+
+
+def test_crossing_width_of_identical_seeds_has_no_spread_and_a_flat_slope_never_crosses():
+    c = _m_analysis.crossing_width([0.1] * 8, [-0.05] * 8, n_boot=200)
+    assert c["w"] == c["lo"] == c["hi"] == pytest.approx(64 * math.exp(2.0))
+    flat = _m_analysis.crossing_width([0.1] * 4, [0.01, -0.01, 0.02, -0.01], n_boot=2000)
+    assert flat["w"] == math.inf and 0 < flat["never"] < 1 and flat["hi"] == math.inf
