@@ -220,7 +220,7 @@ KEPT_REPORTS = [("docs", "runs/prores_repro", None), ("docs/scaled", "runs/scale
                 *[(f"docs/i/{name}", f"runs/sweeps/i_{name}", f"scripts/sweeps/i_{name}.py")
                   for name in ("postln_lr", "postln_lr_low", "postln_best")],
                 *[(f"docs/l/{name}", f"runs/sweeps/l_{name}", f"scripts/sweeps/l_{name}.py")
-                  for name in ("stage1_ext", "stage2")]]   # stage1's report opens with a note written by hand
+                  for name in ("stage1_ext", "stage2", "none_lr_control")]]   # stage1's opens with a note by hand
 
 
 @pytest.mark.parametrize("out, runs, spec", KEPT_REPORTS, ids=[k[0] for k in KEPT_REPORTS])
