@@ -3,7 +3,7 @@ lines: the gap of `linear` and `ramp` to `none` (same seed, width, horizon and e
 per-seed slope in ln(t - 480) over the 8000-step runs' evaluations from t = 1000 and in ln(width) over
 the final gaps at widths 64, 128 and 192; the four slopes' means, paired-t 95% intervals and exact
 sign-flip p's, Holm over the four, each slope's verdict, and for a width slope toward the paper the
-crossing width with its bootstrap interval. Written before any of M's runs finished.
+crossing width with its bootstrap interval.
 
     python scripts/sweeps/_m_analysis.py      # markdown on standard output
 
