@@ -1,18 +1,19 @@
-"""The config's schema: the typed config tree, each field documented where it is declared, the names
-its fields take, and `validate`, which runs before anything is traced or compiled and names the
-offending key (`section.key`) in every error.
+"""The config's schema: the typed config tree, each field documented where it is declared with the
+values it may take (each section's `check`), and the names its fields take.
 
 What reads a config is elsewhere: named configs and saved ones (`from_dict`) load in
-andrea_jax.configs, and `override` (`--set section.key=value`) is andrea_jax.config_text's, which
-callers may reach here.
+andrea_jax.configs, `override` (`--set section.key=value`) is andrea_jax.config_text's, and
+`validate`, with the checks that span sections, andrea_jax.config_check's; callers reach those two
+here.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass, field
 
+from andrea_jax.config_check import need, one_of, positive
+from andrea_jax.config_check import validate  # noqa: F401  (callers validate here)
 from andrea_jax.config_text import override  # noqa: F401  (callers apply --set here)
 from andrea_jax.config_text import parse_mixture, parse_ramp, parse_rules
 from andrea_jax.errors import ConfigError  # noqa: F401  (callers catch it here)
@@ -27,21 +28,6 @@ UPDATE_SCALES = ("none", "alpha", "sqrt_alpha", "alpha_sq")  # prores.scale_upda
 # model.depth_param: the branch multiplier's exponent a in (L / L0)^-a (andrea_jax.model.depth)
 DEPTH_PARAMS = {"sp": 0.0, "depth_mup": 0.5, "completep": 1.0}
 OPTIMIZERS = ("adamw", "muon")                           # optim.name (andrea_jax.train.optim)
-
-
-def _need(ok: bool, key: str, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {why}")
-
-
-def _positive(section: str, obj, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        _need(value > 0, f"{section}.{name}", f"must be positive, got {value}")
-
-
-def _one_of(key: str, value: str, known, what: str) -> None:
-    _need(value in known, key, f"unknown {what} {value!r}; known: {', '.join(known)}")
 
 
 @dataclass(frozen=True)
@@ -93,33 +79,33 @@ class ModelConfig:
             object.__setattr__(self, "remat", "full" if str(self.remat).lower() == "true" else "none")
 
     def check(self) -> None:
-        _positive("model", self, "vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_ratio",
-                  "ln_eps", "init_std")
-        _need(self.d_model % self.n_head == 0, "model.d_model",
-              f"{self.d_model} is not divisible by model.n_head={self.n_head}")
-        _need(self.vocab_size >= 257, "model.vocab_size",
-              f"must be >= 257 (256 bytes + end-of-text), got {self.vocab_size}")
-        _need(self.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {self.dtype!r}")
-        _need(self.attention in ("auto", "xla", "cudnn"), "model.attention",
-              f"must be auto, xla or cudnn, got {self.attention!r}")
-        _one_of("model.norm", self.norm, NORMS, "placement")
-        _one_of("model.init", self.init, INITS, "init")
-        _one_of("model.gates", self.gates, GATES, "gates")
-        _one_of("model.remat", self.remat, REMATS, "remat policy")
-        _need(self.loss_chunks >= 0 and (self.loss_chunks == 0 or self.seq_len % self.loss_chunks == 0),
-              "model.loss_chunks", f"must be 0 (off) or divide model.seq_len={self.seq_len}, got {self.loss_chunks}")
-        _one_of("model.family", self.family, FAMILIES, "model family")
+        positive("model", self, "vocab_size", "seq_len", "d_model", "n_layer", "n_head", "mlp_ratio",
+                 "ln_eps", "init_std")
+        need(self.d_model % self.n_head == 0, "model.d_model",
+             f"{self.d_model} is not divisible by model.n_head={self.n_head}")
+        need(self.vocab_size >= 257, "model.vocab_size",
+             f"must be >= 257 (256 bytes + end-of-text), got {self.vocab_size}")
+        need(self.dtype in ("float32", "bfloat16"), "model.dtype", f"must be float32 or bfloat16, got {self.dtype!r}")
+        need(self.attention in ("auto", "xla", "cudnn"), "model.attention",
+             f"must be auto, xla or cudnn, got {self.attention!r}")
+        one_of("model.norm", self.norm, NORMS, "placement")
+        one_of("model.init", self.init, INITS, "init")
+        one_of("model.gates", self.gates, GATES, "gates")
+        one_of("model.remat", self.remat, REMATS, "remat policy")
+        need(self.loss_chunks >= 0 and (self.loss_chunks == 0 or self.seq_len % self.loss_chunks == 0),
+             "model.loss_chunks", f"must be 0 (off) or divide model.seq_len={self.seq_len}, got {self.loss_chunks}")
+        one_of("model.family", self.family, FAMILIES, "model family")
         for length, _ in parse_ramp("model.seq_len_ramp", self.seq_len_ramp):
-            _need(length < self.seq_len and self.seq_len % length == 0, "model.seq_len_ramp",
-                  f"stage length {length} must be below and divide model.seq_len={self.seq_len} (a stage's rows are "
-                  f"cut from the windows of the full length)")
-            _need(self.loss_chunks == 0 or length % self.loss_chunks == 0, "model.seq_len_ramp",
-                  f"stage length {length} is not divisible by model.loss_chunks={self.loss_chunks}")
-        _one_of("model.depth_param", self.depth_param, DEPTH_PARAMS, "depth parameterisation")
-        _need(self.depth_base >= 1, "model.depth_base", f"must be >= 1 (a depth L0), got {self.depth_base}")
-        _need(self.family != "llama" or (self.d_model // self.n_head) % 2 == 0, "model.family",
-              f"llama's RoPE rotates pairs of a head's dimensions: the head dim {self.d_model // self.n_head} "
-              f"(model.d_model / model.n_head) must be even")
+            need(length < self.seq_len and self.seq_len % length == 0, "model.seq_len_ramp",
+                 f"stage length {length} must be below and divide model.seq_len={self.seq_len} (a stage's rows are "
+                 f"cut from the windows of the full length)")
+            need(self.loss_chunks == 0 or length % self.loss_chunks == 0, "model.seq_len_ramp",
+                 f"stage length {length} is not divisible by model.loss_chunks={self.loss_chunks}")
+        one_of("model.depth_param", self.depth_param, DEPTH_PARAMS, "depth parameterisation")
+        need(self.depth_base >= 1, "model.depth_base", f"must be >= 1 (a depth L0), got {self.depth_base}")
+        need(self.family != "llama" or (self.d_model // self.n_head) % 2 == 0, "model.family",
+             f"llama's RoPE rotates pairs of a head's dimensions: the head dim {self.d_model // self.n_head} "
+             f"(model.d_model / model.n_head) must be even")
 
 
 @dataclass(frozen=True)
@@ -137,13 +123,13 @@ class ProResConfig:
     forward: bool = True
 
     def check(self) -> None:
-        _one_of("prores.schedule", self.schedule, SCHEDULES, "schedule")
-        _one_of("prores.scale_updates", self.scale_updates, UPDATE_SCALES, "update scaling")
-        _need(self.warmup >= 0, "prores.warmup", f"must be >= 0, got {self.warmup}")
-        _need(self.warmup_tokens >= 0, "prores.warmup_tokens", f"must be >= 0 (0 = prores.warmup's steps), "
-              f"got {self.warmup_tokens}")
-        _need(self.forward or self.scale_updates != "none", "prores.forward",
-              "false leaves alpha unused unless prores.scale_updates is alpha, sqrt_alpha or alpha_sq")
+        one_of("prores.schedule", self.schedule, SCHEDULES, "schedule")
+        one_of("prores.scale_updates", self.scale_updates, UPDATE_SCALES, "update scaling")
+        need(self.warmup >= 0, "prores.warmup", f"must be >= 0, got {self.warmup}")
+        need(self.warmup_tokens >= 0, "prores.warmup_tokens", f"must be >= 0 (0 = prores.warmup's steps), "
+             f"got {self.warmup_tokens}")
+        need(self.forward or self.scale_updates != "none", "prores.forward",
+             "false leaves alpha unused unless prores.scale_updates is alpha, sqrt_alpha or alpha_sq")
 
 
 @dataclass(frozen=True)
@@ -180,29 +166,29 @@ class OptimConfig:
     muon_weight_decay: float = 0.0  # muon: decoupled decay of the matrices, times muon_lr as AdamW's is times lr
 
     def check(self) -> None:
-        _one_of("optim.name", self.name, OPTIMIZERS, "optimizer")
+        one_of("optim.name", self.name, OPTIMIZERS, "optimizer")
         for name in ("lr", "muon_lr"):
-            _need(getattr(self, name) > 0 and math.isfinite(getattr(self, name)), f"optim.{name}",
-                  f"must be positive, got {getattr(self, name)}")
-        _need(self.schedule in ("cosine", "wsd"), "optim.schedule", f"must be cosine or wsd, got {self.schedule!r}")
-        _need(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
-        _need(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
-        _need(0 < self.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
-        _need(0 <= self.ema < 1, "optim.ema", f"must be in [0, 1) (0 = no moving average), got {self.ema}")
-        _need(self.decay_steps >= 0, "optim.decay_steps",
-              f"must be >= 0 (0 = optim.decay_fraction's), got {self.decay_steps}")
-        _need(not self.decay_steps or self.schedule == "wsd", "optim.decay_steps",
-              f"is for optim.schedule=wsd, not {self.schedule}")
+            need(getattr(self, name) > 0 and math.isfinite(getattr(self, name)), f"optim.{name}",
+                 f"must be positive, got {getattr(self, name)}")
+        need(self.schedule in ("cosine", "wsd"), "optim.schedule", f"must be cosine or wsd, got {self.schedule!r}")
+        need(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        need(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        need(0 < self.decay_fraction <= 1, "optim.decay_fraction", f"must be in (0, 1], got {self.decay_fraction}")
+        need(0 <= self.ema < 1, "optim.ema", f"must be in [0, 1) (0 = no moving average), got {self.ema}")
+        need(self.decay_steps >= 0, "optim.decay_steps",
+             f"must be >= 0 (0 = optim.decay_fraction's), got {self.decay_steps}")
+        need(not self.decay_steps or self.schedule == "wsd", "optim.decay_steps",
+             f"is for optim.schedule=wsd, not {self.schedule}")
         for name in ("b1", "b2", "muon_momentum"):
-            _need(0 <= getattr(self, name) < 1, f"optim.{name}", f"must be in [0, 1), got {getattr(self, name)}")
-        _positive("optim", self, "eps", "clip_norm", "max_consecutive_skips")
+            need(0 <= getattr(self, name) < 1, f"optim.{name}", f"must be in [0, 1), got {getattr(self, name)}")
+        positive("optim", self, "eps", "clip_norm", "max_consecutive_skips")
         for name in ("weight_decay", "muon_weight_decay"):
-            _need(getattr(self, name) >= 0, f"optim.{name}", f"must be >= 0, got {getattr(self, name)}")
-        _need(self.z_loss >= 0 and math.isfinite(self.z_loss), "optim.z_loss", f"must be >= 0, got {self.z_loss}")
-        _need(self.skip_spikes >= 0 and math.isfinite(self.skip_spikes), "optim.skip_spikes",
-              f"must be >= 0 (standard deviations; 0 = off), got {self.skip_spikes}")
-        _need(self.skip_spikes_window >= 2, "optim.skip_spikes_window",
-              f"must be >= 2 (a standard deviation needs two losses), got {self.skip_spikes_window}")
+            need(getattr(self, name) >= 0, f"optim.{name}", f"must be >= 0, got {getattr(self, name)}")
+        need(self.z_loss >= 0 and math.isfinite(self.z_loss), "optim.z_loss", f"must be >= 0, got {self.z_loss}")
+        need(self.skip_spikes >= 0 and math.isfinite(self.skip_spikes), "optim.skip_spikes",
+             f"must be >= 0 (standard deviations; 0 = off), got {self.skip_spikes}")
+        need(self.skip_spikes_window >= 2, "optim.skip_spikes_window",
+             f"must be >= 2 (a standard deviation needs two losses), got {self.skip_spikes_window}")
 
 
 @dataclass(frozen=True)
@@ -242,27 +228,27 @@ class TrainConfig:
                                  # (startup.DETERMINISTIC_XLA_FLAGS, set by train.py before jax starts); slower
 
     def check(self) -> None:
-        _positive("train", self, "steps", "batch_size", "log_every", "eval_batches", "keep_checkpoints",
-                  "microbatches")
+        positive("train", self, "steps", "batch_size", "log_every", "eval_batches", "keep_checkpoints",
+                 "microbatches")
         for name in ("eval_every", "sample_tokens", "checkpoint_every"):
-            _need(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
-        _need(self.batch_size % self.microbatches == 0, "train.microbatches",
-              f"{self.microbatches} does not divide train.batch_size={self.batch_size}")
+            need(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0, got {getattr(self, name)}")
+        need(self.batch_size % self.microbatches == 0, "train.microbatches",
+             f"{self.microbatches} does not divide train.batch_size={self.batch_size}")
         start, sep, end = self.profile.partition(":")
-        _need(not self.profile or (sep and start.isdigit() and end.isdigit() and 0 < int(start) <= int(end)),
-              "train.profile", f"must be START:END with 0 < START <= END, got {self.profile!r}")
-        _need(self.peak_tflops >= 0, "train.peak_tflops", f"must be >= 0, got {self.peak_tflops}")
-        _need(self.tokens >= 0, "train.tokens", f"must be >= 0 (0 = train.steps sets the length), got {self.tokens}")
-        _need(self.flops >= 0 and math.isfinite(self.flops), "train.flops",
-              f"must be >= 0 (0 = train.steps sets the length), got {self.flops}")
-        _need(not (self.tokens and self.flops), "train.flops",
-              f"set only one of train.steps, train.tokens and train.flops; train.tokens={self.tokens} is set too")
-        _need(self.data_seed >= -1, "train.data_seed", f"must be >= 0, or -1 for train.seed's, got {self.data_seed}")
+        need(not self.profile or (sep and start.isdigit() and end.isdigit() and 0 < int(start) <= int(end)),
+             "train.profile", f"must be START:END with 0 < START <= END, got {self.profile!r}")
+        need(self.peak_tflops >= 0, "train.peak_tflops", f"must be >= 0, got {self.peak_tflops}")
+        need(self.tokens >= 0, "train.tokens", f"must be >= 0 (0 = train.steps sets the length), got {self.tokens}")
+        need(self.flops >= 0 and math.isfinite(self.flops), "train.flops",
+             f"must be >= 0 (0 = train.steps sets the length), got {self.flops}")
+        need(not (self.tokens and self.flops), "train.flops",
+             f"set only one of train.steps, train.tokens and train.flops; train.tokens={self.tokens} is set too")
+        need(self.data_seed >= -1, "train.data_seed", f"must be >= 0, or -1 for train.seed's, got {self.data_seed}")
         for batch, _ in parse_ramp("train.batch_ramp", self.batch_ramp):
-            _need(batch <= self.batch_size, "train.batch_ramp",
-                  f"stage batch {batch} exceeds train.batch_size={self.batch_size}")
-            _need(batch % self.microbatches == 0, "train.batch_ramp",
-                  f"stage batch {batch} is not divisible by train.microbatches={self.microbatches}")
+            need(batch <= self.batch_size, "train.batch_ramp",
+                 f"stage batch {batch} exceeds train.batch_size={self.batch_size}")
+            need(batch % self.microbatches == 0, "train.batch_ramp",
+                 f"stage batch {batch} is not divisible by train.microbatches={self.microbatches}")
 
     @property
     def order_seed(self) -> int:
@@ -293,24 +279,24 @@ class DataConfig:
 
     def check(self) -> None:
         d = self
-        _one_of("data.source", d.source, ("embedded", "files", "tfds", "prepared"), "source")
-        _need(d.source != "files" or bool(d.path), "data.path",
-              "data.source=files needs a folder, file or glob of .txt / .jsonl files")
-        _need(d.source != "prepared" or bool(d.path) or bool(d.mixture), "data.path",
-              "data.source=prepared needs the folder written by python -m andrea_jax.data.prepare")
-        _need(d.source == "prepared" or not d.mixture, "data.mixture",
-              f"is only read with data.source=prepared, not {d.source!r}")
-        _need(not (d.path and d.mixture), "data.path", "is replaced by data.mixture's paths: set one of them")
+        one_of("data.source", d.source, ("embedded", "files", "tfds", "prepared"), "source")
+        need(d.source != "files" or bool(d.path), "data.path",
+             "data.source=files needs a folder, file or glob of .txt / .jsonl files")
+        need(d.source != "prepared" or bool(d.path) or bool(d.mixture), "data.path",
+             "data.source=prepared needs the folder written by python -m andrea_jax.data.prepare")
+        need(d.source == "prepared" or not d.mixture, "data.mixture",
+             f"is only read with data.source=prepared, not {d.source!r}")
+        need(not (d.path and d.mixture), "data.path", "is replaced by data.mixture's paths: set one of them")
         parse_mixture(d.mixture)
-        _need(d.source in ("files", "prepared") or not d.path, "data.path",
-              f"is only read with data.source=files or prepared, not {d.source!r}")
-        _need(d.source != "tfds" or bool(d.tfds_name), "data.tfds_name",
-              "data.source=tfds needs a TFDS dataset name, e.g. lm1b or c4/en")
+        need(d.source in ("files", "prepared") or not d.path, "data.path",
+             f"is only read with data.source=files or prepared, not {d.source!r}")
+        need(d.source != "tfds" or bool(d.tfds_name), "data.tfds_name",
+             "data.source=tfds needs a TFDS dataset name, e.g. lm1b or c4/en")
         for key, value in (("data.tfds_name", d.tfds_name), ("data.tfds_val_split", d.tfds_val_split)):
-            _need(d.source == "tfds" or not value, key, f"is only read with data.source=tfds, not {d.source!r}")
-        _need(d.source != "tfds" or bool(d.tfds_split), "data.tfds_split", "must name the split to train on")
-        _need(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
-        _positive("data", d, "tokenizer_sample_mb")
+            need(d.source == "tfds" or not value, key, f"is only read with data.source=tfds, not {d.source!r}")
+        need(d.source != "tfds" or bool(d.tfds_split), "data.tfds_split", "must name the split to train on")
+        need(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
+        positive("data", d, "tokenizer_sample_mb")
 
 
 @dataclass(frozen=True)
@@ -329,10 +315,10 @@ class DiagnosticsConfig:
                                 # all L
 
     def check(self) -> None:
-        _need(self.every >= 0, "diagnostics.every", f"must be >= 0, got {self.every}")
-        _need(self.spike_window >= 2, "diagnostics.spike_window", f"must be >= 2, got {self.spike_window}")
-        _positive("diagnostics", self, "spike_sigmas")
-        _need(self.knockout_chunk >= 0, "diagnostics.knockout_chunk", f"must be >= 0, got {self.knockout_chunk}")
+        need(self.every >= 0, "diagnostics.every", f"must be >= 0, got {self.every}")
+        need(self.spike_window >= 2, "diagnostics.spike_window", f"must be >= 2, got {self.spike_window}")
+        positive("diagnostics", self, "spike_sigmas")
+        need(self.knockout_chunk >= 0, "diagnostics.knockout_chunk", f"must be >= 0, got {self.knockout_chunk}")
 
 
 @dataclass(frozen=True)
@@ -341,8 +327,8 @@ class KernelsConfig:
                                 # kernels/src/__init__.py)
 
     def check(self) -> None:
-        _need(self.impl in KERNEL_IMPLS, "kernels.impl",
-              f"must be {', '.join(KERNEL_IMPLS[:-1])} or {KERNEL_IMPLS[-1]}, got {self.impl!r}")
+        need(self.impl in KERNEL_IMPLS, "kernels.impl",
+             f"must be {', '.join(KERNEL_IMPLS[:-1])} or {KERNEL_IMPLS[-1]}, got {self.impl!r}")
 
 
 @dataclass(frozen=True)
@@ -358,8 +344,8 @@ class MeshConfig:
     def check(self) -> None:
         for key in MESH_AXES:  # the device count is checked when the mesh is made
             value = getattr(self, key)
-            _need(value >= 1 or value == -1, f"mesh.{key}", f"must be positive or -1 (the rest), got {value}")
-        _need([self.data, self.fsdp, self.tensor].count(-1) <= 1, "mesh.data", "only one mesh axis may be -1")
+            need(value >= 1 or value == -1, f"mesh.{key}", f"must be positive or -1 (the rest), got {value}")
+        need([self.data, self.fsdp, self.tensor].count(-1) <= 1, "mesh.data", "only one mesh axis may be -1")
         parse_rules(self.rules)
 
 
@@ -376,61 +362,3 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def _check_types(config: Config) -> None:
-    for section in dataclasses.fields(config):
-        sub = getattr(config, section.name)
-        for name, kind in typing.get_type_hints(type(sub)).items():
-            value = getattr(sub, name)  # an int may stand for a float; a bool is neither
-            if not isinstance(value, (int, float) if kind is float else kind) or (
-                    kind in (int, float) and isinstance(value, bool)):
-                raise ConfigError(
-                    f"{section.name}.{name}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
-
-
-def validate(config: Config) -> Config:
-    """Raises ConfigError naming the first invalid key; returns the config unchanged. Each section
-    checks its own fields; what depends on the machine (the mesh against the devices) is checked
-    when the mesh is made, still before anything compiles."""
-    _check_types(config)
-    for section in dataclasses.fields(config):
-        getattr(config, section.name).check()
-    # The kernel backends fuse LayerNorm (with a bias) and bias + GELU; llama has neither.
-    _need(config.model.family != "llama" or config.model.remat != "gelu", "model.remat",
-          "gelu recomputes the GPT-2 MLP's GELU output; model.family=llama's MLP is SwiGLU: use dots or full")
-    _need(config.model.family != "llama" or config.kernels.impl in ("auto", "xla"), "kernels.impl",
-          f"{config.kernels.impl} has no RMSNorm or SwiGLU kernels for model.family=llama; "
-          "use kernels.impl=xla or auto")
-    _need(config.optim.name == "adamw" or config.model.depth_param == "sp", "optim.name",  # their rules are Adam's
-          f"muon has no rules for model.depth_param={config.model.depth_param}; use adamw or depth_param=sp")
-    _need(config.data.document_mask or not config.model.reset_positions, "model.reset_positions",
-          "restarts positions at each document, which needs data.document_mask=true")
-    # cuDNN takes the document mask as an additive bias, which its training kernels support only
-    # at an even sequence length; refused here rather than at trace time
-    _need(not config.data.document_mask or config.model.attention == "xla" or config.model.seq_len % 2 == 0,
-          "data.document_mask", f"cuDNN attention takes the mask only at an even model.seq_len, got "
-          f"{config.model.seq_len}: use an even one or model.attention=xla")
-    _check_ramps(config)
-    return config
-
-
-def _check_ramps(config: Config) -> None:
-    """What a ramp (train.batch_ramp, model.seq_len_ramp) cannot run with, each refused in one line."""
-    m, t = config.model, config.train
-    key = "train.batch_ramp" if t.batch_ramp else "model.seq_len_ramp"
-    if not (t.batch_ramp or m.seq_len_ramp):
-        return
-    _need(not t.flops, "train.flops", f"a FLOP budget is not resolved over {key}'s changing shapes; "
-          "set train.tokens instead")
-    _need(not config.data.mixture, "data.mixture", f"is not served at {key}'s changing shapes")
-    batches = [b for b, _ in parse_ramp("train.batch_ramp", t.batch_ramp)] + [t.batch_size]
-    lengths = [n for n, _ in parse_ramp("model.seq_len_ramp", m.seq_len_ramp)] + [m.seq_len]
-    for batch in batches:
-        for length in lengths:  # a step reads whole windows of the full length: no token skipped or repeated
-            _need(batch * length % m.seq_len == 0, key, f"a step of batch {batch} x length {length} does "
-                  f"not read whole windows of model.seq_len={m.seq_len}; every stage batch x stage length must "
-                  f"be a multiple of model.seq_len")
-    _need(not config.data.document_mask or m.attention == "xla" or all(n % 2 == 0 for n in lengths),
-          "model.seq_len_ramp", "cuDNN attention takes data.document_mask only at even lengths: use even "
-          "stage lengths or model.attention=xla")
