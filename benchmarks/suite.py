@@ -63,6 +63,8 @@ def read_compiles(path: pathlib.Path, worker_pids: set[str]) -> dict[tuple[str, 
     hit_pending: set[str] = set()
     for line in path.read_text().splitlines() if path.is_file() else []:
         pid, _test, kind, seconds, _name = line.split("\t")
+        if kind == "exit":
+            continue
         if kind == "cache_hit":
             hit_pending.add(pid)
             continue
@@ -75,7 +77,26 @@ def read_compiles(path: pathlib.Path, worker_pids: set[str]) -> dict[tuple[str, 
     return totals
 
 
-def report(tests: list[Test], compiles: dict, wall: float, user: float, system: float, top: int) -> str:
+def read_exits(path: pathlib.Path, worker_pids: set[str]) -> dict[str, list[float]]:
+    """program -> [processes, CPU s, CPU s before the first trace] of the processes the tests started
+    that exited normally (a killed one leaves no record), the program relative to the checkout."""
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        pid, _test, kind, seconds, name = line.split("\t")
+        if kind != "exit" or pid in worker_pids:
+            continue
+        before, _, program = name.partition(" ")
+        program = pathlib.Path(program)
+        program = program.relative_to(ROOT) if program.is_relative_to(ROOT) else program.name
+        entry = totals[str(program)]
+        entry[0] += 1
+        entry[1] += float(seconds)
+        entry[2] += float(before)
+    return totals
+
+
+def report(tests: list[Test], compiles: dict, wall: float, user: float, system: float, top: int,
+           exits: dict | None = None) -> str:
     cpu = user + system
     lines = [f"wall {wall:.0f} s; CPU {cpu:.0f} s (user {user:.0f}, system {system:.0f}): "
              f"{cpu / wall:.2f} of {os.cpu_count()} cores busy on average", ""]
@@ -96,6 +117,11 @@ def report(tests: list[Test], compiles: dict, wall: float, user: float, system: 
     for kind, label in EVENTS.items():
         (ws, wn), (ss, sn) = compiles.get(("workers", kind), (0.0, 0)), compiles.get(("started", kind), (0.0, 0))
         lines.append(f"| {label} | {ws:.0f} | {wn} | {ss:.0f} | {sn} |")
+    if exits:
+        lines += ["", "| program the tests started | processes | CPU s | of it before the first trace |",
+                  "|---|---|---|---|"]
+        for program, (n, cpu_s, before_s) in sorted(exits.items(), key=lambda kv: -kv[1][1])[:top]:
+            lines.append(f"| {program} | {n} | {cpu_s:.1f} | {before_s:.1f} |")
     lines += ["", f"| test (the {top} that took the most CPU) | wall s | CPU s | in started processes |",
               "|---|---|---|---|"]
     for t in sorted(tests, key=lambda t: -(t.own_cpu + t.child_cpu))[:top]:
@@ -141,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = [line for line in proc.stdout.splitlines() if re.search(r" in [\d.]+s( \(.*\))? =*$", line)]
     print(summary[-1] if summary else proc.stdout[-3000:])
     tests = read_timeline(timeline)
-    compiles = read_compiles(compile_log, {t.pid for t in tests})
-    print(report(tests, compiles, wall, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, args.top))
+    worker_pids = {t.pid for t in tests}
+    compiles, exits = read_compiles(compile_log, worker_pids), read_exits(compile_log, worker_pids)
+    print(report(tests, compiles, wall, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime, args.top,
+                 exits))
     print(f"\nlogs: {logs}")
     return proc.returncode
 

@@ -1,7 +1,7 @@
 """benchmarks/suite.py on a toy suite of two tests, one compiling in its worker and one in a process it
 starts: the report puts each compile on its side, tells a compile from a persistent-cache hit (a first
 run into a new TMPDIR compiles, the same run again is served by the cache), and charges the started
-process's CPU to the test that started it."""
+process's CPU to the test that started it, and lists the started programs with their CPU."""
 import pathlib
 import subprocess
 import sys
@@ -59,6 +59,8 @@ def test_the_suite_profile_splits_compiles_by_process_and_tells_cache_hits(tmp_p
                      ("test_compiles_here", "test_starts_a_process"))
     assert float(here[3]) == 0 and float(started[3]) > 0, cold   # CPU in started processes
     assert "worker gw0: 2 tests" in cold, cold
+    program = table_row(cold, "-c")   # the started `python -c`: one process, its CPU before its first trace
+    assert program[1] == "1" and 0 < float(program[3]) <= float(program[2]), cold
 
     warm = profile(toy, tmp_path / "run")   # the same TMPDIR: its XLA cache serves every compile
     compiled, cached = table_row(warm, "backend compile"), table_row(warm, "backend compile served by the cache")

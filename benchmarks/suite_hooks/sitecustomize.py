@@ -1,10 +1,12 @@
 """Imported by every Python process of a profiled suite (benchmarks/suite.py puts this folder on
 PYTHONPATH): once jax's monitoring module loads, each trace, lowering and backend compile (with the
 persistent cache's hits) is appended to $ANDREA_SUITE_LOG, with the pid and the test that was running
-when the process started or is running now. Without ANDREA_SUITE_LOG it does nothing. It shadows any
+when the process started or is running now; and, when the process exits, its own CPU seconds, those it
+had spent before its first trace (starting Python, imports, reading its input), and its program. Without ANDREA_SUITE_LOG it does nothing. It shadows any
 other sitecustomize on the path, for the length of the profiled run only."""
 import importlib.abc
 import importlib.machinery
+import atexit
 import os
 import sys
 
@@ -18,9 +20,25 @@ def _write(kind: str, seconds: float, name: str = "-") -> None:
         f.write(f"{os.getpid()}\t{test}\t{kind}\t{seconds:.4f}\t{name}\n")
 
 
+def _cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+_BEFORE_FIRST_TRACE: list[float] = []
+
+
+def _on_exit() -> None:
+    program = sys.argv[0] if sys.argv and sys.argv[0] else "-"
+    before = _BEFORE_FIRST_TRACE[0] if _BEFORE_FIRST_TRACE else _cpu()
+    _write("exit", _cpu(), f"{before:.3f} {program}")
+
+
 def _listen(monitoring) -> None:
     def on_duration(event: str, duration: float, **kwargs) -> None:
         kind = event.rsplit("/", 1)[-1]
+        if kind == "jaxpr_trace_duration" and not _BEFORE_FIRST_TRACE:
+            _BEFORE_FIRST_TRACE.append(_cpu() - duration)
         if kind in _EVENTS:
             _write(kind, duration, kwargs.get("fun_name", "-"))
 
@@ -48,3 +66,4 @@ class _OnMonitoringImport(importlib.abc.MetaPathFinder):
 
 if _LOG:
     sys.meta_path.insert(0, _OnMonitoringImport())
+    atexit.register(_on_exit)
