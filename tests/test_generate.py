@@ -153,6 +153,10 @@ def test_sampling_filters_and_seeds():
     assert len(set(draw(5.0, 0, 1.0))) == 5                    # hot, unfiltered: everything appears
     k = jax.random.key(3)
     assert np.array_equal(gen.sample_logits(logits, k, 1.0, 0, 1.0), gen.sample_logits(logits, k, 1.0, 0, 1.0))
+    for key in keys[:20]:  # unfiltered, with the filters off or keeping all 5: a draw from the tempered logits
+        want = jax.random.categorical(key, logits / 2.0, axis=-1)
+        assert np.array_equal(gen.sample_logits(logits, key, 2.0, 0, 1.0), want)
+        assert np.array_equal(gen.sample_logits(logits, key, 2.0, 5, 1.0), want)
 
 
 def eot_loving_params(cfg, tok):

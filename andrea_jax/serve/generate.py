@@ -36,8 +36,17 @@ def sample_logits(logits_BV, key, temperature, top_k, top_p):
     logits_BV = logits_BV.astype(jnp.float32)
     greedy_B = jnp.argmax(logits_BV, axis=-1)
     scaled_BV = logits_BV / jnp.maximum(temperature, 1e-6)
+    # The sort over the vocabulary is most of a sampled token's cost: done only when a filter is on.
+    filtered_BV = jax.lax.cond((top_k > 0) | (top_p < 1), _top_k_top_p, lambda s_BV, k, p: s_BV,
+                               scaled_BV, top_k, top_p)
+    sampled_B = jax.random.categorical(key, filtered_BV, axis=-1)
+    return jnp.where(temperature == 0, greedy_B, sampled_B).astype(jnp.int32)
+
+
+def _top_k_top_p(scaled_BV, top_k, top_p):
+    """The logits outside the top k (0 = all) and then outside the top-p head set to -inf."""
     sorted_BV = jnp.sort(scaled_BV, axis=-1)[:, ::-1]
-    V = logits_BV.shape[-1]
+    V = scaled_BV.shape[-1]
     k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)
     kth_B1 = jax.lax.dynamic_slice_in_dim(sorted_BV, k - 1, 1, axis=-1)
     sorted_BV = jnp.where(sorted_BV >= kth_B1, sorted_BV, -jnp.inf)
@@ -45,9 +54,7 @@ def sample_logits(logits_BV, key, temperature, top_k, top_p):
     # Keep the smallest head of the sorted tokens whose mass reaches top_p (the first always stays).
     keep_BV = (jnp.cumsum(probs_BV, axis=-1) - probs_BV) < top_p
     cutoff_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
-    filtered_BV = jnp.where(scaled_BV >= jnp.maximum(cutoff_B1, kth_B1), scaled_BV, -jnp.inf)
-    sampled_B = jax.random.categorical(key, filtered_BV, axis=-1)
-    return jnp.where(temperature == 0, greedy_B, sampled_B).astype(jnp.int32)
+    return jnp.where(scaled_BV >= jnp.maximum(cutoff_B1, kth_B1), scaled_BV, -jnp.inf)
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
