@@ -2,8 +2,9 @@
 PYTHONPATH): once jax's monitoring module loads, each trace, lowering and backend compile (with the
 persistent cache's hits) is appended to $ANDREA_SUITE_LOG, with the pid and the test that was running
 when the process started or is running now; and, when the process exits, its own CPU seconds, those it
-had spent before its first trace (starting Python, imports, reading its input), and its program. Without ANDREA_SUITE_LOG it does nothing. It shadows any
-other sitecustomize on the path, for the length of the profiled run only."""
+had spent before its first trace (starting Python, imports, reading its input), and its program.
+Without ANDREA_SUITE_LOG it does nothing. It shadows any other sitecustomize on the path, for the length
+of the profiled run only."""
 import importlib.abc
 import importlib.machinery
 import atexit
