@@ -33,7 +33,8 @@ def write_nested_corpus(folder):
     return [SHAKESPEARE[:2000], *docs_b, SHAKESPEARE[8000:9000]]
 
 
-def run_prepare(corpus, out, *extra, shards=3, workers=2):
-    """`andrea-prepare` over the files of `corpus` into `out`; its exit code."""
+def run_prepare(corpus, out, *extra, shards=3, workers=1):
+    """`andrea-prepare` over the files of `corpus` into `out`; its exit code. One worker: the direct
+    runner runs in this process (a test of worker processes asks for more)."""
     return driver.main(["--source", "files", "--path", str(corpus), "--out", str(out), "--shards", str(shards),
                          "--workers", str(workers), *extra])

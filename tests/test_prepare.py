@@ -15,7 +15,7 @@ import train as train_cli
 from _corpus import LAST_DOCUMENT, SHAKESPEARE, run_prepare, write_corpus
 from andrea_jax import config as config_lib
 from andrea_jax.data import pipeline, sampling, token_cache, token_shards, tokenizer as tok_lib
-from andrea_jax.data.prepare import corpus_units, driver as prepare
+from andrea_jax.data.prepare import corpus_units, driver as prepare, pipelines
 from andrea_jax.errors import DataError
 
 PARAGRAPHS = [p for p in SHAKESPEARE[:300_000].split("\n\n") if p.strip()]
@@ -43,7 +43,9 @@ def test_beam_shards_equal_the_single_process_path_rerun_and_interruption(tmp_pa
     write_corpus(tmp_path / "corpus", n_files=5, paragraphs=PARAGRAPHS)
     docs = [*PARAGRAPHS, LAST_DOCUMENT]
     out = tmp_path / "prepared"
-    assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(tok_path)) == 0, capsys.readouterr().err
+    # Two worker processes; the reruns below run in this process, and must redo a shard byte for byte.
+    assert run_prepare(tmp_path / "corpus", out, "--tokenizer", str(tok_path), workers=2) == 0, \
+        capsys.readouterr().err
     assert not list(empty_temporary_folder.iterdir())  # Beam's runners leave folders there; a prepare removes them
     tok = tok_lib.load(tok_path)
 
@@ -147,6 +149,12 @@ def error_line(capsys):
     lines = [l for l in err.splitlines() if l.startswith("error: ")]
     assert len(lines) == 1, err
     return lines[0]
+
+
+def test_one_direct_worker_runs_in_this_process_and_more_start_worker_processes():
+    assert pipelines.beam_options("DirectRunner", 1, []) == ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
+    two = pipelines.beam_options("DirectRunner", 2, ["--extra"])
+    assert "--direct_running_mode=multi_processing" in two and "--direct_num_workers=2" in two and two[-1] == "--extra"
 
 
 def test_bad_input_is_one_line_naming_the_file(tmp_path, tok_path, capsys):

@@ -93,7 +93,8 @@ def test_dask_output_is_the_direct_runners_byte_for_byte(tokenizer, scheduler, t
     extra = ["--tokenizer", str(tok_path)] if tokenizer == "given" else ["--vocab-size", "300",
                                                                          "--tokenizer-docs", "150"]
     assert run_prepare(corpus, tmp_path / "direct", *extra) == 0, capsys.readouterr().err
-    assert run_prepare(corpus, tmp_path / "dask", *extra, "--runner", "dask", "--scheduler", scheduler) == 0, \
+    assert run_prepare(corpus, tmp_path / "dask", *extra, "--runner", "dask", "--scheduler", scheduler,
+                       workers=2) == 0, \
         capsys.readouterr().err
     assert '"shards_tokenized": 3' in capsys.readouterr().out
     want, got = contents(tmp_path / "direct"), contents(tmp_path / "dask")
@@ -112,7 +113,8 @@ def test_local_dask_cluster_and_an_empty_corpus_without_tokenizer(tmp_path, tok_
     Top.Smallest's output is lost, which must not read as an empty corpus)."""
     corpus = write_corpus(tmp_path / "corpus", n_files=2)
     assert run_prepare(corpus, tmp_path / "direct", "--tokenizer", str(tok_path), shards=2) == 0
-    assert run_prepare(corpus, tmp_path / "dask", "--tokenizer", str(tok_path), "--runner", "dask", shards=2) == 0, \
+    assert run_prepare(corpus, tmp_path / "dask", "--tokenizer", str(tok_path), "--runner", "dask", shards=2,
+                       workers=2) == 0, \
         capsys.readouterr().err
     assert not list(empty_temporary_folder.iterdir())
     assert contents(tmp_path / "dask") == contents(tmp_path / "direct")
@@ -231,7 +233,8 @@ def test_a_rerun_after_a_lost_cluster_redoes_exactly_the_unfinished_shards(long_
     assert 1 <= len(done) < SHARDS
     before = {name: (out / name).stat().st_mtime_ns for name in done}
     # The rerun (on a local cluster) redoes exactly the shards without a marker.
-    assert run_prepare(corpus, out, "--tokenizer", str(tok_path), "--runner", "dask", shards=SHARDS) == 0, \
+    assert run_prepare(corpus, out, "--tokenizer", str(tok_path), "--runner", "dask", shards=SHARDS,
+                       workers=2) == 0, \
         capsys.readouterr().err
     assert f'"shards_tokenized": {SHARDS - len(done)}' in capsys.readouterr().out
     assert {name: (out / name).stat().st_mtime_ns for name in done} == before

@@ -191,10 +191,13 @@ def _scheduler(args):
     return dask_cluster.scheduler(args.scheduler, args.workers)
 
 
+_BEAM_STEP = r" \[while running '[^']*'\]"  # what Beam appends to the message of a step's exception
+
+
 def _data_error_line(e: BaseException) -> str | None:
     """The DataError message inside a worker's failure (Beam wraps it in its own traceback)."""
     text = f"{e}\n{''.join(getattr(e, '__notes__', []))}"
-    found = re.findall(r"DataError: ([^\n]+?)(?: \[while running '[^']*'\])?$", text, re.M)
+    found = re.findall(rf"DataError: ([^\n]+?)(?:{_BEAM_STEP})?$", text, re.M)
     return found[-1] if found else None
 
 
@@ -217,7 +220,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", help="dask: a running Dask scheduler's address (tcp://HOST:PORT); "
                                        "default: a local cluster of --workers processes")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="direct, dask without --scheduler: worker processes")
+                   help="direct, dask without --scheduler: worker processes (direct with 1: in this process)")
     p.add_argument("--shards", type=int, default=16, help="K, the number of token shards")
     return p
 
@@ -235,8 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         manifest = run_pipeline(args, beam_extra)
-    except (DataError, MissingExtraError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (DataError, MissingExtraError) as e:  # raised here, or by a step of Beam's in this process
+        print(f"error: {re.sub(_BEAM_STEP + '$', '', str(e))}", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # a worker's DataError comes back inside the runner's own exception
         line = _data_error_line(e)

@@ -163,7 +163,9 @@ def shards_graph(p: beam.Pipeline, plan: dict, tok_hash: str, vocab_size: int):
 def beam_options(runner: str, workers: int, extra: Sequence[str], scheduler: str | None = None) -> list[str]:
     """Beam's options for `runner` (its Beam name, driver.RUNNERS), then `extra` (after --)."""
     args = [f"--runner={runner}"]
-    if runner == "DirectRunner":
+    if runner == "DirectRunner" and workers == 1:  # in this process: no worker to start, nothing to pickle
+        args += ["--direct_running_mode=in_memory"]
+    elif runner == "DirectRunner":
         args += ["--direct_running_mode=multi_processing",
                  f"--direct_num_workers={workers}", "--default_sdk_harness_log_level=WARNING"]
     if runner == DASK_RUNNER:
