@@ -31,9 +31,7 @@ import pathlib
 import socket
 import time
 
-import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 from andrea_jax.config import Config
 from andrea_jax.errors import ResumeError, WorkdirBusy, WorkdirError
@@ -104,6 +102,9 @@ def try_lock(path: pathlib.Path):
 def held(workdir: pathlib.Path):
     """Holds the workdir's lock (process 0) while the block runs; every process raises
     WorkdirBusy when another run holds it."""
+    import jax  # here: what reads a run's files (a sweep, a report) need not start jax
+    from jax.experimental import multihost_utils
+
     path = workdir / LOCK
     f, holder = try_lock(path) if jax.process_index() == 0 else (None, None)
     got = holder is None

@@ -120,3 +120,14 @@ def test_importing_the_package_and_its_config_has_no_side_effects():
                           check=True)
     assert proc.stdout.split() == ["False", "True", "True"], proc.stdout + proc.stderr
     assert proc.stderr == ""
+
+
+def test_what_plans_runs_and_reads_their_files_starts_no_jax():
+    """The sweep, ladder and report commands start training processes and read run folders; jax stays
+    out of them (a second of start-up each, and the CUDA plugin's lines where there is no driver)."""
+    probe = ("import sys\n"
+             "import andrea_jax.workdir, andrea_jax.repro.sweep, andrea_jax.repro.ladder, andrea_jax.repro.report\n"
+             "print('jax' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert proc.stdout.split() == ["False"], proc.stdout + proc.stderr
