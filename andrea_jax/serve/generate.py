@@ -36,11 +36,16 @@ def sample_logits(logits_BV, key, temperature, top_k, top_p):
     logits_BV = logits_BV.astype(jnp.float32)
     greedy_B = jnp.argmax(logits_BV, axis=-1)
     scaled_BV = logits_BV / jnp.maximum(temperature, 1e-6)
-    # The sort over the vocabulary is most of a sampled token's cost: done only when a filter is on.
-    filtered_BV = jax.lax.cond((top_k > 0) | (top_p < 1), _top_k_top_p, lambda s_BV, k, p: s_BV,
-                               scaled_BV, top_k, top_p)
+    # The sort over the vocabulary is most of a sampled token's cost: done only when a filter is on. Both
+    # branches are module functions, not lambdas: jax keeps a cond's traced branches per function, so a call
+    # outside jit traces and compiles them once, not at every call.
+    filtered_BV = jax.lax.cond((top_k > 0) | (top_p < 1), _top_k_top_p, _unfiltered, scaled_BV, top_k, top_p)
     sampled_B = jax.random.categorical(key, filtered_BV, axis=-1)
     return jnp.where(temperature == 0, greedy_B, sampled_B).astype(jnp.int32)
+
+
+def _unfiltered(scaled_BV, top_k, top_p):
+    return scaled_BV
 
 
 def _top_k_top_p(scaled_BV, top_k, top_p):
