@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from andrea_jax.repro import sweep as sweep_lib
+from andrea_jax.repro import ladder as ladder_lib, sweep as sweep_lib
 from andrea_jax.errors import ConfigError
 from andrea_jax.repro.sweep import Sweep
 from andrea_jax.repro import experiments, runner
@@ -160,6 +160,12 @@ def test_a_sweep_runs_in_parts_by_group_and_arm_into_the_same_runs(tmp_path, cap
         assert sweep_lib.main([spec, "--runs", str(tmp_path / "runs"), flag, bad]) != 0
         assert f"{flag} {bad}" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # refused before any run, snapshot or folder
+
+
+def test_a_missing_spec_is_one_line_and_exit_2_for_a_sweep_and_a_ladder(tmp_path, capsys):
+    for main in (sweep_lib.main, ladder_lib.main):
+        assert main([str(tmp_path / "nope.py"), "--runs", str(tmp_path / "runs")]) == 2
+        assert capsys.readouterr().err == f"config error: {tmp_path / 'nope.py'}: no such spec file\n"
 
 
 def test_the_command_with_groups_and_arms_writes_only_those_runs_to_the_slurm_array(tmp_path, capsys):

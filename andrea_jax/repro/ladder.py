@@ -26,13 +26,12 @@ import dataclasses
 import json
 import math
 import pathlib
-import runpy
 import sys
 
 import numpy as np
 
 from andrea_jax import config as config_lib, configs
-from andrea_jax.errors import AndreaError, ConfigError
+from andrea_jax.errors import ConfigError
 from andrea_jax.repro import experiments, fit, sweep
 from andrea_jax.train import mfu
 from andrea_jax.workdir import Workdir
@@ -119,12 +118,7 @@ def groups(ladder: Ladder, spec: str = "SPEC", extra=()) -> dict[str, experiment
 
 
 def load_spec(path: str) -> Ladder:
-    folder = str(pathlib.Path(path).resolve().parent)  # a spec may import a module beside it
-    sys.path.insert(0, folder)
-    try:
-        ladder = runpy.run_path(path).get("LADDER")
-    finally:
-        sys.path.remove(folder)
+    ladder = sweep.run_spec(path, "LADDER")
     if not isinstance(ladder, Ladder):
         raise ConfigError(f"{path}: defines no LADDER = andrea_jax.repro.ladder.Ladder(...)")
     return ladder
@@ -296,7 +290,8 @@ def main(argv=None) -> int:
                         help="train only these arms of each rung; the rest resume later")
     parser.add_argument("--draws", type=int, default=1000, help="bootstrap refits behind every interval")
     args = parser.parse_args(argv)
-    try:
+
+    def run() -> None:
         ladder = load_spec(args.spec)
         exps = groups(ladder, args.spec, args.set)
         runs_root = (args.runs or sweep.ROOT / "runs" / "ladders" / ladder.name).resolve()
@@ -306,10 +301,7 @@ def main(argv=None) -> int:
         out = (args.out or runs_root / "report").resolve()
         sweep.launch_then_report(ladder.name, exps, chosen, runs_root, args,
                                  lambda: report(ladder, exps, runs_root, out, args.spec, args.draws))
-    except AndreaError as e:
-        print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
-        return e.exit_code
-    return 0
+    return sweep.one_line_errors(run)
 
 
 if __name__ == "__main__":  # run the imported module: a spec imports its Ladder, not __main__'s

@@ -190,14 +190,21 @@ def device_sets(gpus: list[str], per_run: int) -> list[str]:
     return [",".join(gpus[i:i + per_run]) for i in range(0, len(gpus) - per_run + 1, per_run)]
 
 
-def load_spec(path: str) -> Sweep | experiments.Experiment:
-    # A spec may import a module beside it (scripts/sweeps/_questions.py: what several specs share).
+def run_spec(path: str, name: str):
+    """The global `name` of the spec file `path` (None if it defines none), run with its folder on the
+    path: a spec may import a module beside it (scripts/sweeps/_questions.py: what several specs share)."""
+    if not pathlib.Path(path).is_file():
+        raise ConfigError(f"{path}: no such spec file")
     folder = str(pathlib.Path(path).resolve().parent)
     sys.path.insert(0, folder)
     try:
-        sweep = runpy.run_path(path).get("SWEEP")
+        return runpy.run_path(path).get(name)
     finally:
         sys.path.remove(folder)
+
+
+def load_spec(path: str) -> Sweep | experiments.Experiment:
+    sweep = run_spec(path, "SWEEP")
     if not isinstance(sweep, (Sweep, experiments.Experiment)):
         raise ConfigError(f"{path}: defines no SWEEP = andrea_jax.repro.sweep.Sweep(...) "
                           "(or a reproduction experiment, andrea_jax.repro.experiments.EXPERIMENTS[NAME])")
@@ -245,6 +252,17 @@ def launch_then_report(name: str, exps: dict, chosen: dict, runs_root: pathlib.P
     print("wrote " + ", ".join(str(p) for p in written[:2]))
 
 
+def one_line_errors(command) -> int:
+    """Runs a sweep-like command's work, `command()`: 0, or an AndreaError's exit code after its one
+    line on stderr."""
+    try:
+        command()
+    except AndreaError as e:
+        print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="a Python file defining SWEEP = Sweep(...)")
@@ -271,7 +289,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.pack < 1 or (args.pack > 1 and args.slurm):
         parser.error("--pack N: N >= 1, and not with --slurm (an array task runs one run)")
-    try:
+
+    def run() -> None:
         sweep = load_spec(args.spec)
         exps = groups(sweep, args.spec, args.set)
         if args.toy:
@@ -284,10 +303,7 @@ def main(argv=None) -> int:
         out = (args.out or (ROOT / "docs" if reproduction else runs_root / "report")).resolve()
         launch_then_report(sweep.name, exps, chosen, runs_root, args,
                            lambda: report.write_all(runs_root, out, exps=None if reproduction else exps))
-    except AndreaError as e:
-        print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
-        return e.exit_code
-    return 0
+    return one_line_errors(run)
 
 
 if __name__ == "__main__":  # run the imported module: a spec imports its Sweep, not __main__'s
