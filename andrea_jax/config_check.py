@@ -7,10 +7,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from andrea_jax.config_text import parse_ramp
+from andrea_jax.config_text import AnyConfig, parse_ramp
 from andrea_jax.errors import ConfigError
-
-AnyConfig = typing.TypeVar("AnyConfig")  # andrea_jax.config.Config: a dataclass whose fields are its sections
 
 
 def need(ok: bool, key: str, why: str) -> None:

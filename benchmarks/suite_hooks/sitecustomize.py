@@ -5,9 +5,9 @@ when the process started or is running now; and, when the process exits, its own
 had spent before its first trace (starting Python, imports, reading its input), and its program.
 Without ANDREA_SUITE_LOG it does nothing. It shadows any other sitecustomize on the path, for the length
 of the profiled run only."""
+import atexit
 import importlib.abc
 import importlib.machinery
-import atexit
 import os
 import sys
 
