@@ -76,6 +76,27 @@ def test_monte_carlo_sign_flip_matches_exact_enumeration_where_both_run():
     assert sampled == pytest.approx(exact, abs=5e-3)
 
 
+def test_monte_carlo_sign_flip_counts_ties_and_the_observed_assignment():
+    # 22 pairs of +-1 summing to 0: every assignment reaches the observed |sum| 0, so p is exactly 1
+    assert stats.sign_flip_p([1.0, -1.0] * 11, n_random=2_000)["p"] == 1.0
+    # 25 equal pairs: only 2 of 2^25 assignments reach the observed sum, and 2,000 draws likely meet
+    # none of them; the observed assignment still counts, so p is 1 / 2001, never 0
+    assert stats.sign_flip_p([0.1] * 25, n_random=2_000)["p"] == 1 / 2_001
+
+
+def test_exact_zeros_do_not_push_the_pairs_past_exact_enumeration():
+    # 16 nonzero pairs and 6 exact zeros: enumerated exactly over the 16, as if the zeros were absent
+    d = np.random.default_rng(5).normal(0.01, 0.05, size=16)
+    alone = stats.sign_flip_p(d)["p"]
+    assert stats.sign_flip_p([*d, *[0.0] * 6], n_random=2_000)["p"] == alone
+
+
+def test_tost_of_constant_differences_decides_by_the_mean_alone():
+    # no spread, so no t: inside the margin is equivalent, outside is not
+    assert stats.tost([0.01] * 5, 0.02) == {"n": 5, "margin": 0.02, "p": 0.0, "equivalent": True}
+    assert stats.tost([0.05] * 5, 0.02) == {"n": 5, "margin": 0.02, "p": 1.0, "equivalent": False}
+
+
 def test_the_smallest_p_counts_only_nonzero_pairs():
     # 4 pairs, one exactly 0: its flip changes nothing, so only 2 of 2^3 flips reach the observed
     result = stats.sign_flip_p([0.1, 0.2, 0.4, 0.0])
