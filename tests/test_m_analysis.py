@@ -1,7 +1,8 @@
 """Experiment M's pre-registered analysis (scripts/sweeps/_m_analysis.py) on made-up runs whose gaps
 are exact lines in ln(t - 480) and ln(width): the per-seed slopes come back, the four slopes' sign-flip
-p's are Holm-adjusted together, each verdict follows its sign, a lost seed is counted, and the crossing
-width is 64 exp(-gap64 / slope) of the seed means."""
+p's are Holm-adjusted together, each verdict follows its sign, a lost seed (or one missing an evaluation)
+is counted, only the last evaluation's gap is read, and the crossing width is 64 exp(-gap64 / slope) of
+the seed means, with the 2.5th and 97.5th resampled values as its bounds."""
 import json
 import math
 import pathlib
@@ -30,8 +31,10 @@ def write_run(folder: pathlib.Path, losses: dict, outcome: str = "finished"):
                                                   for t, v in sorted(losses.items())))
 
 
-def made_up_runs(root: pathlib.Path, lost_ramp_seed: int | None = None) -> pathlib.Path:
+def made_up_runs(root: pathlib.Path, lost_ramp_seed: int | None = None, gap64: dict = GAP64) -> pathlib.Path:
     none = lambda i, t: 6.0 + 1.0 / math.log(t) + 0.01 * i
+    # before the last evaluation the width runs' gap is wider: only the final one may be read
+    early = lambda t: 0.05 * (2000 - t) / 500
     for i, seed in enumerate(SEEDS):
         for steps in (2000, 8000):
             write_run(_m_analysis.horizon_run(root, "none", seed, steps),
@@ -45,12 +48,12 @@ def made_up_runs(root: pathlib.Path, lost_ramp_seed: int | None = None) -> pathl
             write_run(_m_analysis.horizon_run(root, arm, seed, 8000), {t: none(i, t) + g for t, g in gaps.items()},
                       "failed" if arm == "ramp" and seed == lost_ramp_seed else "finished")
             # width w's final gap: GAP64 + W_SLOPE ln(w / 64); width 64 is the 2000-step horizon run
-            final = {w: GAP64[arm][i] + W_SLOPE[arm][i] * math.log(w / 64) for w in (64, 128, 192)}
+            final = {w: gap64[arm][i] + W_SLOPE[arm][i] * math.log(w / 64) for w in (64, 128, 192)}
             write_run(_m_analysis.horizon_run(root, arm, seed, 2000),
-                      {t: none(i, t) + final[64] for t in range(500, 2001, 500)})
+                      {t: none(i, t) + final[64] + early(t) for t in range(500, 2001, 500)})
             for w in (128, 192):
                 write_run(_m_analysis.width_run(root, arm, seed, w),
-                          {t: none(i, t) - 0.1 * w / 64 + final[w] for t in range(500, 2001, 500)})
+                          {t: none(i, t) - 0.1 * w / 64 + final[w] + early(t) for t in range(500, 2001, 500)})
     return root
 
 
@@ -71,6 +74,7 @@ def test_the_slopes_their_holm_family_and_verdicts(tmp_path):
     assert [r["verdict"] for r in result["rows"]] == ["toward the paper", "no direction shown", "toward the paper",
                                                       "away from the paper"]
     assert result["ends"]["linear"][0] == pytest.approx(np.mean(GAP64["linear"]), abs=1e-9)
+    assert result["ends"]["linear"][1] == pytest.approx(0.3 + np.mean(H_SLOPE["linear"]) * math.log(7520), abs=1e-9)
 
     # Only linear's width slope is toward the paper with a positive gap at 64.
     assert list(result["crossings"]) == ["linear"]
@@ -86,3 +90,30 @@ def test_crossing_width_of_identical_seeds_has_no_spread_and_a_flat_slope_never_
     assert c["w"] == c["lo"] == c["hi"] == pytest.approx(64 * math.exp(2.0))
     flat = _m_analysis.crossing_width([0.1] * 4, [0.01, -0.01, 0.02, -0.01], n_boot=2000)
     assert flat["w"] == math.inf and 0 < flat["never"] < 1 and flat["hi"] == math.inf
+
+
+def test_a_run_missing_an_evaluation_loses_its_seed(tmp_path):
+    runs = made_up_runs(tmp_path)
+    metrics = _m_analysis.horizon_run(runs, "linear", 203, 8000) / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines()
+                               if json.loads(line)["step"] != 4000))
+    slopes = _m_analysis.horizon_slopes(runs, "linear")
+    assert slopes[203] is None and sum(v is None for v in slopes.values()) == 1
+
+
+def test_no_crossing_is_computed_where_the_gap_at_64_is_already_below_0(tmp_path):
+    # linear's width slope is toward the paper, but its mean gap at 64 is negative: nothing to cross
+    result = _m_analysis.analyse(made_up_runs(tmp_path, gap64={**GAP64, "linear": [-0.05] * 8}))
+    assert next(r for r in result["rows"] if r["slope"] == "linear, ln(width)")["verdict"] == "toward the paper"
+    assert result["crossings"] == {}
+
+
+def test_the_crossing_interval_is_the_2_5th_and_97_5th_resampled_values():
+    gap64 = [0.1, 0.12, 0.08, 0.15, 0.11, 0.13, 0.09, 0.14]
+    slopes = [-0.05, -0.04, -0.07, -0.03, -0.06, -0.045, -0.055, -0.035]
+    c = _m_analysis.crossing_width(gap64, slopes, n_boot=1000, seed=8)
+    # the same 1000 resamples of the 8 seeds, by hand: w* of each, sorted; the 25th and 975th of them
+    # (at this seed both differ from their neighbours, so another percentile rule gives other bounds)
+    idx = np.random.default_rng(8).integers(0, 8, size=(1000, 8))
+    w = sorted(64 * math.exp(-np.mean(np.take(gap64, i)) / np.mean(np.take(slopes, i))) for i in idx)
+    assert (c["lo"], c["hi"]) == (pytest.approx(w[24], rel=1e-12), pytest.approx(w[974], rel=1e-12))
