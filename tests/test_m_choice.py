@@ -78,3 +78,26 @@ def test_the_width_grids_extend_an_edge_and_the_width_runs_wait_for_it(reports):
     (width,) = load("mw_width").values()
     assert width.arms["ramp_w192"][-1] == "optim.lr=3e-3" and width.arms["none_w128"][-1] == "optim.lr=1e-3"
     assert width.seeds == tuple(range(200, 208)) and len(width.arms) == 6
+
+
+def test_a_width_grid_best_at_its_lowest_lr_is_extended_below_it(reports):
+    loss = {"5e-4": 5.0, "1e-3": 5.1, "2e-3": 5.2, "3e-3": 5.4}
+    runs = {f"{arm}_lr{lr}_s{s}": finished(value + (0.0 if arm == "linear_w128" else 0.3 * (lr == "5e-4")))
+            for arm in ("none_w128", "none_w192", "linear_w128", "linear_w192", "ramp_w128", "ramp_w192")
+            for lr, value in loss.items() for s in (300, 301)}
+    write(_m_choice.WIDTH_LR_SUMMARY, "mw_width_lr", runs)
+    best, needed, grid = _m_choice.width_lrs()
+    assert best["linear_w128"] == "5e-4" and best["none_w128"] == "1e-3"
+    assert needed == {"linear_w128": ("2.5e-4",)} and grid["linear_w128"][0] == "2.5e-4"
+
+
+def test_l_s_best_ramp_reads_each_ramp_at_its_lr_and_a_diverged_seed_loses(reports, tmp_path):
+    ramp_loss = {"ramp_linear": 5.0, "ramp_equal": 4.9, "ramp_reverse": 5.2}
+    stage2 = {f"{arm}_lr1e-3_s{s}": finished(loss) for arm, loss in ramp_loss.items() for s in range(16)}
+    # runs of ramp_reverse at an LR that is not its own are not read, however low
+    stage2 |= {f"ramp_reverse_lr2e-3_s{s}": finished(3.0) for s in range(16)}
+    path = write(tmp_path / "l2_other.json", "l_stage2", stage2)
+    assert _m_choice.best_ramp(path) == "ramp_equal"
+    # one diverged seed of ramp_equal makes its mean infinite, whatever loss the report kept for it
+    stage2["ramp_equal_lr1e-3_s3"] = {"outcome": "diverged", "final_val_loss": 1.0}
+    assert _m_choice.best_ramp(write(path, "l_stage2", stage2)) == "ramp_linear"
