@@ -23,9 +23,10 @@ W_SLOPE = {"linear": [-0.05 - 0.002 * i for i in range(8)],           # toward t
 GAP64 = {"linear": [0.1 + 0.01 * i for i in range(8)], "ramp": [0.02] * 8}
 
 
-def write_run(folder: pathlib.Path, losses: dict, outcome: str = "finished"):
+def write_run(folder: pathlib.Path, losses: dict, outcome: str = "finished", started: float = 0.0,
+              ended: float = 60.0):
     folder.mkdir(parents=True)
-    (folder / "result.json").write_text(json.dumps({"outcome": outcome}))
+    (folder / "result.json").write_text(json.dumps({"outcome": outcome, "started": started, "ended": ended}))
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "loss": 9.0}) + "\n" +
                                                   json.dumps({"step": t, "val_loss": v}) + "\n"
                                                   for t, v in sorted(losses.items())))
@@ -117,3 +118,18 @@ def test_the_crossing_interval_is_the_2_5th_and_97_5th_resampled_values():
     idx = np.random.default_rng(8).integers(0, 8, size=(1000, 8))
     w = sorted(64 * math.exp(-np.mean(np.take(gap64, i)) / np.mean(np.take(slopes, i))) for i in idx)
     assert (c["lo"], c["hi"]) == (pytest.approx(w[24], rel=1e-12), pytest.approx(w[974], rel=1e-12))
+
+
+def test_each_part_s_machine_time_sums_its_runs_and_counts_overlaps_once(tmp_path):
+    runs = made_up_runs(tmp_path)   # every run trained over [0, 60] s, so each part was busy 60 s
+    # two LR-grid runs, one over [0, 3600] and one over [1800, 7200]: 2.5 h summed, 2.0 h busy
+    for name, (start, end) in {"none_w128_lr1e-3_s300": (0, 3600), "none_w128_lr2e-3_s300": (1800, 7200)}.items():
+        write_run(runs / "mw_width_lr" / "mw_width_lr" / name, {2000: 5.0}, started=start, ended=end)
+    started_only = runs / "mw_width_lr" / "mw_width_lr" / "none_w192_lr1e-3_s300"   # no end: not counted
+    started_only.mkdir()
+    (started_only / "result.json").write_text(json.dumps({"started": 0.0}))
+    time = _m_analysis.machine_time(runs)
+    assert time["(i) 2000 steps"] == (24, 24 * 60.0, 60.0) and time["(i) 8000 steps"] == (24, 24 * 60.0, 60.0)
+    assert time["(ii) LR grids at 128 and 192"] == (2, 9000.0, 7200.0)
+    assert time["(ii) widths 128 and 192"] == (48, 48 * 60.0, 60.0)
+    assert "| (ii) LR grids at 128 and 192 | 2 | 2.5 h | 2.0 h |" in _m_analysis.markdown(_m_analysis.analyse(runs))

@@ -2,8 +2,8 @@
 lines: the gap of `linear` and `ramp` to `none` (same seed, width, horizon and evaluation step), its
 per-seed slope in ln(t - 480) over the 8000-step runs' evaluations from t = 1000 and in ln(width) over
 the final gaps at widths 64, 128 and 192; the four slopes' means, paired-t 95% intervals and exact
-sign-flip p's, Holm over the four, each slope's verdict, and for a width slope toward the paper the
-crossing width with its bootstrap interval.
+sign-flip p's, Holm over the four, each slope's verdict, for a width slope toward the paper the
+crossing width with its bootstrap interval, and each part's machine time.
 
     python scripts/sweeps/_m_analysis.py      # markdown on standard output
 
@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from _l_report import busy_seconds
 from _m_choice import SEEDS
 from _questions import ROOT
 
@@ -28,6 +29,10 @@ WIDTHS = (64, 128, 192)
 RUNS = ROOT / "runs" / "sweeps"
 ALPHA = 0.05
 N_BOOT = 10_000
+PARTS = {"(i) 2000 steps": ("mh_horizon", "mh_horizon", "steps=2000"),
+         "(i) 8000 steps": ("mh_horizon", "mh_horizon", "steps=8000"),
+         "(ii) LR grids at 128 and 192": ("mw_width_lr", "mw_width_lr"),
+         "(ii) widths 128 and 192": ("mw_width", "mw_width")}
 
 
 def horizon_run(runs: pathlib.Path, arm: str, seed: int, steps: int) -> pathlib.Path:
@@ -150,7 +155,18 @@ def analyse(runs: pathlib.Path = RUNS) -> dict:
         gap64 = [gaps_by_arm[arm][s][WIDTHS[0]] for s in kept]
         if row["verdict"] == "toward the paper" and kept and np.mean(gap64) > 0:
             crossings[arm] = crossing_width(gap64, [by_seed[s] for s in kept])
-    return {"rows": rows, "crossings": crossings, "ends": horizon_ends(runs)}
+    return {"rows": rows, "crossings": crossings, "ends": horizon_ends(runs), "time": machine_time(runs)}
+
+
+def machine_time(runs: pathlib.Path) -> dict[str, tuple[int, float, float]]:
+    """{part: (runs ended, their training seconds summed, the seconds a run of the part was training)}."""
+    out = {}
+    for label, parts in PARTS.items():
+        folder = runs.joinpath(*parts)
+        ended = [json.loads(p.read_text()) for p in folder.glob("*/result.json")]
+        ended = [r for r in ended if "ended" in r]
+        out[label] = (len(ended), float(sum(r["ended"] - r["started"] for r in ended)), busy_seconds(folder))
+    return out
 
 
 def _mean_kept(values) -> float:
@@ -178,6 +194,9 @@ def markdown(result: dict) -> str:
     for arm, c in result["crossings"].items():
         lines.append(f"Crossing width of {arm} (an extrapolation; 192 is still 2.7x short of the paper's 512): "
                      f"{c['w']:.0f} [{c['lo']:.0f}, {c['hi']:.0f}], {c['never']:.1%} of resamples never cross.")
+    lines += ["", "| part | runs ended | training, summed over runs | time with a run training |", "|---|---|---|---|"]
+    lines += [f"| {label} | {n} | {summed / 3600:.1f} h | {busy / 3600:.1f} h |"
+              for label, (n, summed, busy) in result["time"].items()]
     return "\n".join(lines) + "\n"
 
 
