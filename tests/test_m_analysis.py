@@ -26,7 +26,8 @@ GAP64 = {"linear": [0.1 + 0.01 * i for i in range(8)], "ramp": [0.02] * 8}
 def write_run(folder: pathlib.Path, losses: dict, outcome: str = "finished", started: float = 0.0,
               ended: float = 60.0):
     folder.mkdir(parents=True)
-    (folder / "result.json").write_text(json.dumps({"outcome": outcome, "started": started, "ended": ended}))
+    result = {"outcome": outcome, "started": started, "ended": ended, "seconds": ended - started}
+    (folder / "result.json").write_text(json.dumps(result))
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "loss": 9.0}) + "\n" +
                                                   json.dumps({"step": t, "val_loss": v}) + "\n"
                                                   for t, v in sorted(losses.items())))

@@ -165,7 +165,7 @@ def machine_time(runs: pathlib.Path) -> dict[str, tuple[int, float, float]]:
         folder = runs.joinpath(*parts)
         ended = [json.loads(p.read_text()) for p in folder.glob("*/result.json")]
         ended = [r for r in ended if "ended" in r]
-        out[label] = (len(ended), float(sum(r["ended"] - r["started"] for r in ended)), busy_seconds(folder))
+        out[label] = (len(ended), float(sum(r["seconds"] for r in ended)), busy_seconds(folder))
     return out
 
 
