@@ -168,6 +168,9 @@ def test_depth_multipliers_are_the_papers(param, a, n_layer):
         assert depth.hidden_lr_scale(cfg) == pytest.approx({"depth_mup": 0.5 ** 0.5, "completep": 1.0}[param])
     sp = dataclasses.replace(cfg, depth_param="sp")
     assert (depth.branch_multiplier(sp), depth.hidden_lr_scale(sp), depth.eps_scale(sp)) == (1.0, 1.0, 1.0)
+    # a model config built without validation: its parameterisation is refused by name, not by a KeyError
+    with pytest.raises(ValueError, match="unknown model.depth_param 'mup'; known: sp, depth_mup, completep"):
+        depth.branch_multiplier(dataclasses.replace(cfg, depth_param="mup"))
 
 
 @pytest.mark.parametrize("param,a", [("depth_mup", 0.5), ("completep", 1.0)])

@@ -1,10 +1,12 @@
 """Every ProRes schedule against the paper's formula (ProRes paper, Table 5), written out here per (l, t)."""
+import dataclasses
 import math
 
 import jax
 import numpy as np
 import pytest
 
+from andrea_jax import configs
 from andrea_jax.model import prores
 
 
@@ -78,3 +80,8 @@ def test_zero_warmup_means_fully_on_and_bad_arguments_fail():
         prores.alphas(0, 3, schedule="cosine")
     with pytest.raises(ValueError, match="warmup"):
         prores.alphas(0, 3, warmup=-1)
+    # a config built without validation: the update scaling it names is refused by name, not by a KeyError
+    cfg = configs.load("tiny")
+    cfg = dataclasses.replace(cfg, prores=dataclasses.replace(cfg.prores, scale_updates="alpha_cubed"))
+    with pytest.raises(ValueError, match="unknown prores.scale_updates 'alpha_cubed'; known: none, alpha"):
+        prores.update_scales(cfg, 0)

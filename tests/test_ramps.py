@@ -40,6 +40,11 @@ def test_the_plan_gives_each_step_its_shape_and_the_tokens_before_it():
                                    "schedules count tokens seen, in steps of 64 tokens")
     # evaluation and checkpoints every 2 full steps' tokens (128): at the steps that pass 128, 256, 384
     assert [s for s in range(1, 11) if ramps.crosses(cfg, s, 2)] == [6, 8, 10]
+    assert not any(ramps.crosses(c, s, 0) for c in (cfg, toy()) for s in range(1, 11))   # 0: never
+    # a stage whose end is not a whole number of its steps: its last step runs past it, by less than a step
+    cfg = toy("train.batch_ramp=2@72", "train.steps=6")   # 2x16 steps of 32 tokens: 3 steps, to 96 tokens
+    assert [ramps.shape_at(cfg, s) for s in range(5)] == [(2, 16)] * 3 + [(4, 16)] * 2
+    assert [ramps.tokens_at(cfg, s) for s in range(6)] == [0, 32, 64, 96, 160, 224]
     assert not ramps.ramped(toy()) and ramps.plan(toy()) == (ramps.Segment(0, 0, 4, 16, None),)
 
 
@@ -50,6 +55,7 @@ def test_with_constant_shapes_the_token_clock_gives_the_step_clocks_alphas_and_l
     by_steps = toy(*settings, "prores.warmup=6")
     by_tokens = toy(*settings, "prores.warmup_tokens=384", "train.batch_ramp=4@64")  # 384 = 6 steps of 4 x 16
     assert ramps.ramped(by_tokens) and not ramps.ramped(by_steps)
+    assert ramps.plan(by_tokens) == (ramps.Segment(0, 0, 4, 16, None),)   # one shape: one segment
     step_v = np.arange(0, 41, dtype=np.int32)
     alphas = lambda cfg: np.asarray(jax.vmap(lambda s: prores.run_alphas(cfg, s))(step_v))
     np.testing.assert_array_equal(alphas(by_tokens), alphas(by_steps))
@@ -58,6 +64,19 @@ def test_with_constant_shapes_the_token_clock_gives_the_step_clocks_alphas_and_l
     lrs = [jax.vmap(optim.on_clock(optim.lr_schedule(cfg.optim, ramps.total(cfg)), steps._clock(cfg)))(step_v)
            for cfg in (by_tokens, by_steps)]
     np.testing.assert_array_equal(*lrs)
+
+
+def test_under_a_ramp_the_alphas_and_update_scales_read_tokens_seen_not_steps():
+    # RAMP's steps 1-4 see 16 tokens each, a quarter of the full 64: after 2 steps ProRes reads 0.5 full
+    # steps. The reference is the paper's formula on that hand-counted clock.
+    t_S = np.array([0, 16, 32, 48, 64, 96, 128, 192, 256], np.float32) / 64   # after 0..8 steps
+    cfg = toy(*RAMP, "train.steps=10", "prores.schedule=linear", "prores.warmup_tokens=256",  # T = 4 full steps
+              "prores.scale_updates=alpha")
+    want_SL = np.minimum(1.0, t_S[:, None] / (4.0 * np.arange(1, 3)))
+    assert 0 < want_SL[2, 0] < 1 and want_SL[2, 0] != min(1.0, 2 / 4)   # the step count would differ here
+    for s, want_L in enumerate(want_SL):
+        np.testing.assert_allclose(prores.run_alphas(cfg, s), want_L, rtol=1e-6)
+        np.testing.assert_allclose(prores.update_scales(cfg, s), want_L, rtol=1e-6)
 
 
 def test_the_optimizer_steps_at_the_lr_of_the_token_clock():
