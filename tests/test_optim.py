@@ -56,6 +56,19 @@ def test_schedule_endpoints():
     assert float(wsd(800)) == pytest.approx(LR) and float(wsd(TOTAL)) == pytest.approx(0.0, abs=1e-12)
 
 
+def test_phases_longer_than_the_run_are_cut_to_it_and_a_decay_fraction_rounds_to_whole_steps():
+    for schedule in ("cosine", "wsd"):  # a warmup longer than the run spans the run
+        assert float(optim.lr_schedule(OptimConfig(lr=LR, schedule=schedule, warmup_steps=30), 10)(5)) == \
+            pytest.approx(LR / 2)
+    # a decay longer than the run decays over all of it, to 0 at its end
+    wsd = optim.lr_schedule(OptimConfig(lr=LR, schedule="wsd", warmup_steps=0, decay_steps=20), 10)
+    assert [float(wsd(t)) for t in (0, 5, 10)] == pytest.approx([LR, LR / 2, 0.0], rel=1e-6, abs=1e-12)
+    # 10% of 27 steps is 2.7: the decay takes 3
+    wsd = optim.lr_schedule(OptimConfig(lr=LR, schedule="wsd", warmup_steps=5, decay_fraction=0.1), 27)
+    assert [float(wsd(t)) for t in range(23, 28)] == pytest.approx([LR, LR, LR * 2 / 3, LR / 3, 0.0], rel=1e-6,
+                                                                    abs=1e-12)
+
+
 @functools.cache
 def learned_gate_params():
     cfg = ModelConfig(vocab_size=300, seq_len=16, d_model=32, n_layer=2, n_head=4, gates="learned")

@@ -66,11 +66,15 @@ def test_an_update_whose_loss_leaves_the_window_s_band_is_not_applied():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), updates, want)
     assert (int(state.skipped), int(state.taken)) == (1, W + 1)
     assert float(state.losses_W[W % W]) == pytest.approx(4.3)  # the ring's oldest slot
+    assert (float(state.last_loss), int(state.last_step)) == (spike, 5)  # still the skipped update's
 
     # A non-finite loss is no spike (skip_nonfinite's business) and never enters the window.
     _, after_nan = tx.update(grads_scaled(1.0), state, params, loss=jnp.float32(np.nan), step=7)
     assert int(after_nan.skipped) == 1 and int(after_nan.taken) == W + 1
     np.testing.assert_array_equal(after_nan.losses_W, state.losses_W)
+    _, after_inf = tx.update(grads_scaled(1.0), state, params, loss=jnp.float32(np.inf), step=8)
+    assert int(after_inf.skipped) == 1 and int(after_inf.taken) == W + 1
+    np.testing.assert_array_equal(after_inf.losses_W, state.losses_W)
 
 
 def test_the_optimizer_asks_for_the_loss():
