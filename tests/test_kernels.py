@@ -204,6 +204,25 @@ def test_dalpha_is_absent_from_the_backward_when_alpha_is_constant():
     assert "from the argument beta" not in const and "from the argument beta" not in trained
 
 
+def test_a_bfloat16_stream_is_normalised_as_it_is_stored():
+    """h = x + alpha delta is rounded to the stream's bfloat16 before its LayerNorm, as the reference
+    stores it and the next block reads it. y in float32 shows the rounding, which y's own rounding
+    to bfloat16 would hide."""
+    rng = _rng(5)
+    x, delta = _arr(rng, (40, 200), jnp.bfloat16), _arr(rng, (40, 200), jnp.bfloat16)
+    gamma, beta = _arr(rng, (200,), jnp.float32) + 1.0, _arr(rng, (200,), jnp.float32)
+    alpha = jnp.float32(0.37)
+    h, y = kernels.residual_layer_norm(x, delta, alpha, gamma, beta, impl="pallas", y_dtype=jnp.float32)
+    h_ref, y_ref = reference.residual_layer_norm(x, delta, alpha, gamma, beta, y_dtype=jnp.float32)
+    assert (h.dtype, y.dtype) == (jnp.bfloat16, jnp.float32)
+    assert_close(h, h_ref, TOL[jnp.bfloat16], "h")
+    # measured 1.2e-7, natively and with XLA_FLAGS=--xla_cpu_max_isa=AVX2; the unrounded stream's y: 2.2e-3
+    assert_close(y, y_ref, TOL[jnp.float32], "y")
+    unrounded = reference.layer_norm(_up(x) + alpha * _up(delta), gamma, beta)
+    with pytest.raises(AssertionError, match="exceeds"):   # the two are told apart at this tolerance
+        assert_close(unrounded, y_ref, TOL[jnp.float32], "y of the unrounded stream")
+
+
 @pytest.mark.parametrize("D,rows,dtype", CASES, ids=CASE_IDS)
 def test_layer_norm_matches_reference(D, rows, dtype):
     rng = _rng(D * 10_000 + rows + 1)
