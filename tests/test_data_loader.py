@@ -48,6 +48,12 @@ def test_shares_are_disjoint_and_together_read_every_window_of_each_epoch_once(p
     assert epochs[0] != list(range(n))          # shuffled at all
 
 
+def test_windows_of_t_plus_one_tokens_overlapping_by_one_fit_inside_the_corpus():
+    assert [loader.num_windows(n, T) for n in (0, 1, T, T + 1, 37 * T, 37 * T + 1)] == [0, 0, 0, 1, 36, 37]
+    last = loader.gather_windows(TOKENS, [36], T)   # the 37th window ends on the corpus's last token
+    assert last[0, -1] == TOKENS[-1]
+
+
 def test_a_batch_of_one_reads_the_same_stream_a_window_at_a_time():
     by_eight = [w for k in range(5) for w in window_ids(batches(8)[k])]  # 40 windows: into the second epoch
     one = batches(1)
@@ -107,6 +113,10 @@ def test_validation_batches_are_fixed_windows_in_order_split_per_process():
     # Fewer windows than the batches asked for: the last batch is smaller, never padded.
     short = loader.val_batches(TOKENS[: 10 * T + 1], seq_len=T, global_batch=8, max_batches=3)
     assert [window_ids(b) for b in short] == [list(range(8)), [8, 9]]
+    # Split over 2 processes, a last batch of 3 windows gives each process 1: shares stay equal.
+    odd = [loader.val_batches(TOKENS[: 11 * T + 1], seq_len=T, global_batch=8, max_batches=3, process_index=p,
+                              process_count=2) for p in range(2)]
+    assert [[window_ids(b) for b in share] for share in odd] == [[[0, 1, 2, 3], [8]], [[4, 5, 6, 7], [9]]]
 
 
 def test_too_few_windows_for_one_batch_says_so():

@@ -120,8 +120,7 @@ def val_batches(tokens, *, seq_len: int, global_batch: int, max_batches: int,
     n = min(num_windows(len(tokens), seq_len), global_batch * max_batches)
     batches = []
     for start in range(0, n, global_batch):
-        size = min(global_batch, n - start) // process_count * process_count
-        local = size // process_count
+        local = min(global_batch, n - start) // process_count
         if local:
             first = start + process_index * local
             batches.append(gather_windows(tokens, np.arange(first, first + local), seq_len))
