@@ -157,6 +157,14 @@ def test_sampling_filters_and_seeds():
         want = jax.random.categorical(key, logits / 2.0, axis=-1)
         assert np.array_equal(gen.sample_logits(logits, key, 2.0, 0, 1.0), want)
         assert np.array_equal(gen.sample_logits(logits, key, 2.0, 5, 1.0), want)
+    # top-k with top-p off keeps k even where the k probabilities' float32 sum falls short of 1 (these 50
+    # logits: it does, and top-p's cut alone would then keep every token)
+    wide = 3.0 * jax.random.normal(jax.random.key(0), (1, 50))
+    top5 = set(np.argsort(np.asarray(wide[0]))[-5:].tolist())
+    assert {int(gen.sample_logits(wide, key, 1.0, 5, 1.0)[0]) for key in keys} <= top5
+    # temperature 0 is argmax itself, whose tie goes to the first: never a draw at a tiny temperature
+    tied = jnp.array([[0.0, 3.0, 3.0, -1.0]])
+    assert {int(gen.sample_logits(tied, key, 0.0, 0, 1.0)[0]) for key in keys} == {1}
 
 
 def eot_loving_params(cfg, tok):
@@ -172,6 +180,8 @@ def test_decoding_stops_at_end_of_text(tok):
     assert gen.generate(loaded, [[5, 6], [7]], max_new_tokens=6) == [[], []]
     eot = tok_lib.eot_id(tok)
     assert gen.generate(loaded, [[5, 6]], max_new_tokens=6, stop_at_eot=False) == [[eot] * 6]
+    seen = []   # the loop itself ends at the EOT: one token streamed, not six
+    assert gen.generate(loaded, [[5, 6]], max_new_tokens=6, on_token=seen.append) == [[]] and seen == [eot]
 
 
 def test_long_prompt_is_cut_from_the_left_with_a_warning(tok):
