@@ -57,9 +57,11 @@ def test_schedule_endpoints():
 
 
 def test_phases_longer_than_the_run_are_cut_to_it_and_a_decay_fraction_rounds_to_whole_steps():
+    # optax's float32 schedules against Python floats: measured 4.7e-8 relative at most (float32's rounding
+    # of 1e-3), natively and with XLA_FLAGS=--xla_cpu_max_isa=AVX2
     for schedule in ("cosine", "wsd"):  # a warmup longer than the run spans the run
         assert float(optim.lr_schedule(OptimConfig(lr=LR, schedule=schedule, warmup_steps=30), 10)(5)) == \
-            pytest.approx(LR / 2)
+            pytest.approx(LR / 2, rel=1e-6)
     # a decay longer than the run decays over all of it, to 0 at its end
     wsd = optim.lr_schedule(OptimConfig(lr=LR, schedule="wsd", warmup_steps=0, decay_steps=20), 10)
     assert [float(wsd(t)) for t in (0, 5, 10)] == pytest.approx([LR, LR / 2, 0.0], rel=1e-6, abs=1e-12)
