@@ -133,6 +133,15 @@ def test_unreadable_checkpoint_is_passed_over_and_kept(tmp_path, settings, capsy
     assert all((aside / f.relative_to(tmp_path / "checkpoints" / "6")).read_bytes() == b for f, b in bad.items())
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "6", "6.unreadable"]
 
+    # Unreadable again at the same step: set aside beside the first, which is left as it was.
+    again = damage(tmp_path / "checkpoints" / "6", "truncated")
+    assert cli(tmp_path, settings) == 0 and losses(tmp_path) == straight
+    assert all((aside / f.relative_to(tmp_path / "checkpoints" / "6")).read_bytes() == b for f, b in bad.items())
+    aside_again = tmp_path / "checkpoints" / "6.unreadable1"
+    assert all((aside_again / f.relative_to(tmp_path / "checkpoints" / "6")).read_bytes() == b
+               for f, b in again.items())
+    capsys.readouterr()
+
     # None readable (one cut short, one overwritten): stop, naming both, deleting nothing.
     damage(tmp_path / "checkpoints" / "3", "truncated")
     damage(tmp_path / "checkpoints" / "6", "garbage")
@@ -140,7 +149,20 @@ def test_unreadable_checkpoint_is_passed_over_and_kept(tmp_path, settings, capsy
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: no checkpoint of") and "can be restored" in err
     assert str(tmp_path / "checkpoints" / "6") in err and str(tmp_path / "checkpoints" / "3") in err
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "6", "6.unreadable"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "6", "6.unreadable", "6.unreadable1"]
+
+
+def test_a_checkpoint_missing_step_losses_is_passed_over(tmp_path, settings, capsys):
+    assert cli(tmp_path, settings) == 0
+    straight = losses(tmp_path)
+    saved = tmp_path / "checkpoints" / "6" / "losses" / "metadata"
+    saved.write_text(json.dumps({"step_losses": json.loads(saved.read_text())["step_losses"][:5]}))
+    capsys.readouterr()
+
+    assert cli(tmp_path, settings) == 0
+    err = capsys.readouterr().err
+    assert "it holds 5 step losses, not 6" in err and f"resuming from {tmp_path / 'checkpoints' / '3'}" in err
+    assert losses(tmp_path) == straight
 
 
 def test_only_settings_that_change_the_run_are_refused(tmp_path, settings, capsys):

@@ -75,3 +75,26 @@ def test_a_checkpoint_of_a_newer_format_version_is_refused_in_one_line(reader, t
         f"checkpoint {step_dir} is of format version {newer}, and this version of andrea_jax reads format "
         f"versions 1 to {checkpoint.FORMAT_VERSION}: read it with the version that wrote it, or use another workdir")
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["2"]   # nothing trained or set aside
+
+
+@pytest.mark.parametrize("version", [0, -1, True, "1", 1.0, None])
+def test_a_format_item_that_names_no_readable_version_is_refused(version, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(golden.DATA / f"golden_checkpoint_v{checkpoint.FORMAT_VERSION}", workdir)
+    step_dir = workdir / "checkpoints" / "2"
+    item = {} if version is None else {checkpoint.VERSION_KEY: version}   # None: the key is missing
+    (step_dir / checkpoint.FORMAT / "metadata").write_text(json.dumps(item))
+    with pytest.raises(CheckpointError) as refused:
+        checkpoint.format_version(step_dir)
+    assert str(refused.value).startswith(f"checkpoint {step_dir} is of format version {version!r}, ")
+
+
+def test_a_checkpoint_without_a_format_item_is_read_as_version_1(tmp_path):
+    golden_dir = golden.DATA / "golden_checkpoint_v1"
+    expected = json.loads((golden_dir / "expected.json").read_text())
+    step_dir = tmp_path / "checkpoints" / str(expected["step"])
+    shutil.copytree(golden_dir / "checkpoints" / str(expected["step"]), step_dir)
+    shutil.rmtree(step_dir / checkpoint.FORMAT)   # as written before versions were recorded
+    cfg = golden.run_config(json.loads((golden_dir / "config.json").read_text()))
+    assert checkpoint.format_version(step_dir) == 1
+    assert golden.params_sha256(golden.read_params(step_dir, cfg)) == expected["params_sha256"]

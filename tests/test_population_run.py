@@ -120,3 +120,17 @@ def test_a_population_stopped_by_sigterm_resumes_bit_for_bit(straight, tmp_path,
                                       np.load(workdir / name / "step_losses.npy"))
         for x, y in zip(jax.tree.leaves(final_params(tmp_path / name)), jax.tree.leaves(final_params(workdir / name))):
             np.testing.assert_array_equal(x, y)
+
+
+def test_a_population_resumes_at_the_newest_step_every_member_holds(straight, tmp_path, capsys):
+    workdir, cfgs, _ = straight
+    shutil.copytree(workdir, tmp_path / "population")
+    shutil.rmtree(tmp_path / "population" / "a" / "checkpoints" / str(STEPS))  # a holds step 4 only; the others 4, 8
+    population_loop.train(cfgs, tmp_path / "population", show_progress=False)
+    assert "resumed at step 4" in capsys.readouterr().out
+    for name, _ in cfgs:
+        assert [UNTIMED(l) for l in lines(tmp_path / "population" / name)] == \
+            [UNTIMED(l) for l in lines(workdir / name)], name
+        for x, y in zip(jax.tree.leaves(final_params(tmp_path / "population" / name)),
+                        jax.tree.leaves(final_params(workdir / name))):
+            np.testing.assert_array_equal(x, y)
