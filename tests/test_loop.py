@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from andrea_jax import config as config_lib
+from andrea_jax.errors import TrainingError
 from andrea_jax.train import hooks, loop as trainer, optim, preemption
 
 
@@ -27,6 +28,9 @@ class Bar:
 
     def update(self, k):
         self.n += k
+
+    def close(self):
+        pass
 
 
 class StopAt:
@@ -121,3 +125,35 @@ def test_the_step_line_holds_the_latest_spike_until_a_line_has_it(tmp_path):
     assert state.spikes_seen == 2 and len(ctx.bar.written) == 1
     assert "1 loss spike(s) skipped" in ctx.bar.written[0] and "latest at step 9" in ctx.bar.written[0]
     assert "block 2 (x3), block 1 (x1.5)" in ctx.bar.written[0]
+
+
+def test_the_wait_names_the_step_of_the_first_loss_that_is_not_finite(tmp_path):
+    ctx, state, _, _ = fake_run(tmp_path, steps=20)
+    ctx = dataclasses.replace(ctx, run_dir=types.SimpleNamespace(root=tmp_path, metrics=tmp_path / "metrics.jsonl"))
+    state.pending_losses = [np.float32(2.0), np.float32(np.inf), np.float32(np.nan)]   # steps 8, 9 and 10
+    with pytest.raises(TrainingError, match=r"^non-finite loss inf at step 9; metrics so far are in "):
+        trainer.sync(ctx, state, 10)
+    assert ctx.metrics.step_losses[:2] == [2.0, np.inf] and np.isnan(ctx.metrics.step_losses[2])
+    assert not state.pending_losses
+
+
+def test_the_losses_of_the_steps_before_a_failure_are_kept(tmp_path):
+    ctx, state, (step_fn, _), _ = fake_run(tmp_path, steps=6)
+    ctx.metrics.close = lambda: None
+
+    def failing_at_step_4(train, batch):
+        if len(state.pending_losses) == 3:   # no hook is due, so the loop has not waited since step 1
+            raise RuntimeError("the device is lost")
+        return step_fn(train, batch)
+
+    with pytest.raises(RuntimeError, match="the device is lost"):
+        trainer._steps(ctx, state, (failing_at_step_4,) * 2, lambda rows: rows, StopAt(0), [])
+    trainer._close(ctx, state)
+    assert ctx.metrics.step_losses == [1.0] * 3
+
+
+@pytest.mark.parametrize("every,steps", [(5, [1, 5, 10]), (0, [])])
+def test_diagnostics_run_at_step_1_and_every_diagnostics_every_steps(every, steps):
+    cfg = config_lib.Config()
+    cfg = dataclasses.replace(cfg, diagnostics=dataclasses.replace(cfg.diagnostics, every=every))
+    assert [step for step in range(1, 13) if trainer.at_diagnostics(cfg)(step)] == steps
