@@ -157,3 +157,18 @@ def test_diagnostics_run_at_step_1_and_every_diagnostics_every_steps(every, step
     cfg = config_lib.Config()
     cfg = dataclasses.replace(cfg, diagnostics=dataclasses.replace(cfg.diagnostics, every=every))
     assert [step for step in range(1, 13) if trainer.at_diagnostics(cfg)(step)] == steps
+
+
+def test_a_line_is_written_at_every_log_step_evaluation_and_diagnostics_step():
+    cfg = config_lib.Config()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=12, log_every=10, eval_every=4),
+                              diagnostics=dataclasses.replace(cfg.diagnostics, every=5))
+    log = next(hook for hook in trainer.step_hooks(cfg, has_checkpoints=False) if hook.writes_line)
+    assert [step for step in range(1, 13) if log.due(step)] == [1, 4, 5, 8, 10, 12]
+
+
+@pytest.mark.parametrize("every,steps", [(5, [5, 10, 12]), (0, [12])])
+def test_a_run_evaluates_every_eval_every_steps_and_at_its_last(every, steps):
+    cfg = config_lib.Config()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=12, eval_every=every))
+    assert [step for step in range(1, 13) if trainer.at_eval(cfg)(step)] == steps
