@@ -5,6 +5,7 @@ of a multi-process run stop together, and checkpoints move between process count
 losses and parameters: reported at their own step and never checkpointed, or skipped when asked,
 also from a resume."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -123,6 +124,23 @@ def test_sigterm_checkpoints_and_the_rerun_continues_exactly(tmp_path, tok_path)
     same_run(tmp_path / "run", tmp_path / "straight")
     skipped = [l["skipped_spikes"] for l in metric_lines(tmp_path / "straight")]
     assert skipped[-1] > 0 and any(0 < s < skipped[-1] for s in skipped), skipped  # skips before and after a restart
+
+
+def test_a_resumed_run_reports_only_the_spikes_skipped_after_its_checkpoint(tmp_path, tok_path):
+    settings = TOY + prores(150) + ["train.steps=120", "train.log_every=5", "train.eval_every=60",
+                                    "train.checkpoint_every=60", "model.vocab_size=300",
+                                    f"data.tokenizer={tok_path}", *SPIKY]
+    first = start(tmp_path / "run", settings)
+    assert finish(first) and first.returncode == 0, open(first.log).read()[-3000:]
+    skipped = {line["step"]: line["skipped_spikes"] for line in metric_lines(tmp_path / "run")}
+    assert 0 < skipped[60] < skipped[120], skipped
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "120")
+
+    rerun = start(tmp_path / "run", settings, log_name="rerun")
+    out = finish(rerun)
+    assert rerun.returncode == 0 and "resumed at step 60" in out, out[-3000:]
+    reported = [int(n) for n in re.findall(r"warning: (\d+) loss spike\(s\) skipped", out)]
+    assert sum(reported) == skipped[120] - skipped[60], (reported, skipped)
 
 
 def test_processes_stop_together_and_checkpoints_move_between_process_counts(tmp_path, tok_path):
