@@ -7,7 +7,7 @@ import tensorflow_datasets as tfds
 
 import train as train_cli
 from andrea_jax import config as config_lib, configs
-from andrea_jax.data import pipeline, tokenizer as tok_lib
+from andrea_jax.data import documents, pipeline, tokenizer as tok_lib
 from andrea_jax.errors import DataError, DataWarning
 
 SHAKESPEARE = pipeline.read_text(pipeline.EMBEDDED_CORPUS)
@@ -78,6 +78,8 @@ def test_binary_file(tmp_path, tok_path):
     (tmp_path / "lines.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "bad\x00"}\n')
     fails(tmp_path, tok_path, tmp_path / "lines.jsonl",
           rf"{tmp_path}/lines.jsonl is a binary file \(NUL byte at offset 30\)")
+    (tmp_path / "zero.txt").write_bytes(b"\0" + SHAKESPEARE[:100].encode())
+    fails(tmp_path, tok_path, tmp_path / "zero.txt", rf"{tmp_path}/zero.txt is a binary file \(NUL byte at offset 0\)")
 
 
 def test_jsonl_line_without_text(tmp_path, tok_path):
@@ -88,6 +90,9 @@ def test_jsonl_line_without_text(tmp_path, tok_path):
     fails(tmp_path, tok_path, tmp_path / "b.jsonl", rf"{tmp_path}/b.jsonl line 3: 'text' is a int, not a string")
     (tmp_path / "c.jsonl").write_text('{"text": "fine"}\n{"text": "cut off\n')
     fails(tmp_path, tok_path, tmp_path / "c.jsonl", rf"{tmp_path}/c.jsonl line 2: not valid JSON")
+    (tmp_path / "d.jsonl").write_text('{"text": "fine"}\n["text"]\n')
+    fails(tmp_path, tok_path, tmp_path / "d.jsonl",
+          rf"{tmp_path}/d.jsonl line 2: the record has no 'text' field \(it has: list\)")
 
 
 def test_invalid_utf8_is_replaced_and_counted_never_a_crash(tmp_path, tok_path):
@@ -160,3 +165,14 @@ def test_data_error_is_one_line_and_exit_1_from_train_py(tmp_path, monkeypatch, 
 def test_config_checks_name_the_data_key(sets, message):
     with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
         config_lib.validate(config_lib.override(configs.load("tiny"), sets))
+
+
+def test_the_files_of_a_relative_path_are_named_absolutely(tmp_path, monkeypatch):
+    (tmp_path / "corpus" / "part").mkdir(parents=True)
+    (tmp_path / "corpus" / "part" / "b.txt").write_text("b")
+    (tmp_path / "corpus" / "a.jsonl").write_text('{"text": "a"}\n')
+    monkeypatch.chdir(tmp_path)
+    expected = [tmp_path / "corpus" / "a.jsonl", tmp_path / "corpus" / "part" / "b.txt"]
+    assert documents.find_files("corpus") == expected
+    assert documents.find_files("corpus/**/*.txt") == expected[1:]
+    assert documents.find_files("corpus/a.jsonl") == expected[:1]

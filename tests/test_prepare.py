@@ -202,7 +202,8 @@ def test_published_corpus_files_json_gz_and_parquet(tmp_path):
     docs = PARAGRAPHS[:30]
     with gzip.open(tmp_path / "c4-train.00000-of-01024.json.gz", "wt") as f:
         f.writelines(json.dumps({"text": d, "url": "u", "timestamp": "t"}) + "\n" for d in docs[:20])
-    pq.write_table(pa.table({"text": docs[20:], "id": list(range(10))}), tmp_path / "000_00000.parquet")
+    # a blank and a missing text are no documents
+    pq.write_table(pa.table({"text": docs[20:] + [" \n", None], "id": list(range(12))}), tmp_path / "000_00000.parquet")
     files = corpus_units._hf_files(str(tmp_path))
     assert [p.name for p in files] == ["000_00000.parquet", "c4-train.00000-of-01024.json.gz"]
     assert [d for p in files for d in corpus_units.unit_documents(("hf-jsonl", str(p)))] == docs[20:] + docs[:20]
@@ -211,7 +212,7 @@ def test_published_corpus_files_json_gz_and_parquet(tmp_path):
     with pytest.raises(DataError, match=rf"{tmp_path}/cut.json.gz: unreadable \(EOFError"):
         list(corpus_units.unit_documents(("hf-jsonl", str(tmp_path / "cut.json.gz"))))
     pq.write_table(pa.table({"content": ["x"]}), tmp_path / "other.parquet")
-    with pytest.raises(DataError, match=rf"{tmp_path}/other.parquet: no 'text' column \(it has: content\)"):
+    with pytest.raises(DataError, match=rf"^{tmp_path}/other.parquet: no 'text' column \(it has: content\)$"):
         list(corpus_units.unit_documents(("hf-jsonl", str(tmp_path / "other.parquet"))))
 
 

@@ -138,15 +138,11 @@ def read_documents(path) -> Iterator[str]:
                       stacklevel=2)
 
 
-def record_texts(records: Sequence, max_bytes: int | None = None) -> Iterator[str]:
-    """The `text` of a dataset's records in order, stopping after about `max_bytes` of text when given."""
-    seen = 0
+def record_texts(records: Sequence) -> Iterator[str]:
+    """The `text` of a dataset's records in order."""
     read_many = getattr(records, "__getitems__", lambda ids: [records[i] for i in ids])
     for start in range(0, len(records), READ_RECORDS):
         for record in read_many(range(start, min(start + READ_RECORDS, len(records)))):
             text = record["text"]
             text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
             yield text
-            seen += len(text)
-            if max_bytes is not None and seen >= max_bytes:
-                return
