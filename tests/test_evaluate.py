@@ -10,7 +10,7 @@ import pytest
 
 from _helpers import forward_logits, run_module
 from andrea_jax.serve import evaluate, load, scoring, tasks
-from andrea_jax.errors import TaskError
+from andrea_jax.errors import DataError, TaskError
 from andrea_jax.data import tokenizer as tok_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -226,3 +226,40 @@ def test_tasks_scored_in_the_training_loop_equal_evaluate_on_the_checkpoint(trai
         want = tasks.score_task(restored, tasks.read_task(path))  # what `evaluate --task` prints
         got = {k.split("/")[-1]: v for k, v in last.items() if k.startswith(f"task/{path.stem}/")}
         assert got and got == {k: v for k, v in want.items() if k not in ("kind", "n")}, (got, want)
+
+
+def test_rolling_windows_refuse_a_stride_outside_1_to_seq_len_and_skip_an_empty_document():
+    assert scoring.rolling_windows([], prefix=0, seq_len=8) == []
+    for stride in (0, 9):
+        with pytest.raises(ValueError, match=f"stride {stride} must be in 1..seq_len=8"):
+            scoring.rolling_windows([1, 2, 3], prefix=0, seq_len=8, stride=stride)
+
+
+def test_an_empty_or_blank_context_becomes_end_of_text(loaded):
+    tok = loaded.tokenizer
+    # spaces only: they move into the continuation and end-of-text stands for the empty context
+    assert scoring.encode_pair(tok, "   ", "x") == ([0], tok_lib.encode(tok, "   x"))
+    # a continuation that opens with end-of-text keeps it as the context, never twice
+    assert scoring.encode_pair(tok, "", "<|endoftext|>Hello") == ([0], tok_lib.encode(tok, "Hello"))
+
+
+def test_a_continuation_fits_up_to_seq_len_tokens_and_an_empty_one_is_certain(loaded):
+    tok, text = loaded.tokenizer, DOCS["a.txt"] * 2
+    length = {n: next(k for k in range(len(text)) if len(tok_lib.encode(tok, text[:k])) == n)
+              for n in (SEQ_LEN, SEQ_LEN + 1)}   # the shortest prefix of n tokens
+    (ll, _), = scoring.loglikelihood(loaded, [("", text[:length[SEQ_LEN]])])   # end-of-text + seq_len tokens
+    assert math.isfinite(ll) and ll < 0
+    with pytest.raises(ValueError, match=f"a continuation of {SEQ_LEN + 1} tokens does not fit"):
+        scoring.loglikelihood(loaded, [("", text[:length[SEQ_LEN + 1]])])
+    assert scoring.loglikelihood(loaded, [("KING", "")]) == [(0.0, True)]
+
+
+def test_a_stream_scores_its_first_max_documents_and_refuses_one_without_a_document(loaded):
+    tok = loaded.tokenizer
+    docs = [tok_lib.encode(tok, text) for text in DOCS.values()]
+    stream = np.concatenate([np.array(d + [0]) for d in docs])
+    two = scoring.score_stream(loaded, stream, max_documents=2)
+    assert (two.documents, two.tokens) == (2, len(docs[0]) + len(docs[1]))
+    assert two.nll == scoring.rolling_nlls(loaded, docs[:2]).sum()   # the same scorer on the same windows
+    with pytest.raises(DataError, match="the token stream holds no document to score"):
+        scoring.score_stream(loaded, np.array([0, 0]))
