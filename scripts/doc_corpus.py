@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import html.parser
 import pathlib
+import subprocess
 import sys
 
 # (name, root, glob patterns): the text sources of each package's documentation.
@@ -118,6 +120,25 @@ def write_corpus(out: pathlib.Path) -> dict[str, tuple[int, int]]:
     return written
 
 
+def package_version(name: str) -> str:
+    """The installed version of Debian package `name` (Debian updates its documentation, and the
+    corpus with it), or "?" where dpkg does not know it."""
+    try:
+        done = subprocess.run(["dpkg-query", "-W", "-f=${Version}", name], capture_output=True, text=True)
+    except OSError:
+        return "?"
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "?"
+
+
+def corpus_digest(out: pathlib.Path) -> str:
+    """sha256 over the corpus's documents (relative name and text, in name order): two corpora are
+    the same text exactly when their digests are equal."""
+    digest = hashlib.sha256()
+    for path in sorted(out.rglob("*.txt"), key=lambda p: p.relative_to(out).as_posix()):
+        digest.update(path.relative_to(out).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=pathlib.Path, help="a folder, made (must not exist)")
@@ -127,9 +148,9 @@ def main(argv=None) -> int:
         return 2
     written = write_corpus(args.out)
     for name, (documents, size) in written.items():
-        print(f"{name}: {documents} documents, {size / 1e6:.1f} MB")
+        print(f"{name}={package_version(name)}: {documents} documents, {size / 1e6:.1f} MB")
     documents, size = map(sum, zip(*written.values()))
-    print(f"total: {documents} documents, {size / 1e6:.1f} MB")
+    print(f"total: {documents} documents, {size / 1e6:.1f} MB, sha256 {corpus_digest(args.out)}")
     return 0
 
 

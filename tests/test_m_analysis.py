@@ -134,3 +134,27 @@ def test_each_part_s_machine_time_sums_its_runs_and_counts_overlaps_once(tmp_pat
     assert time["(ii) LR grids at 128 and 192"] == (2, 9000.0, 7200.0)
     assert time["(ii) widths 128 and 192"] == (48, 48 * 60.0, 60.0)
     assert "| (ii) LR grids at 128 and 192 | 2 | 2.5 h | 2.0 h |" in _m_analysis.markdown(_m_analysis.analyse(runs))
+
+
+def test_the_corpus_check_takes_width_64_from_its_own_runs_and_the_rest_unchanged(tmp_path):
+    runs = made_up_runs(tmp_path)
+    # width 64 trained again: each seed's gap there 0.02 higher, so each width slope falls by
+    # 0.02 / slope of ln(w) against the centred ln(64), i.e. by the least-squares weight of width 64
+    for i, seed in enumerate(SEEDS):
+        base = _m_analysis.width_run(runs, "none", seed, 64)
+        again = _m_analysis.width_run(runs, "none", seed, 64, "corpus2")
+        assert again != base and again.parent.parent.name == "mw_w64_corpus2"
+        for arm in ("none", *_m_analysis.ARMS):
+            src = _m_analysis.width_run(runs, arm, seed, 64)
+            losses = _m_analysis.val_losses(src)
+            shift = 0.0 if arm == "none" else 0.02
+            write_run(_m_analysis.width_run(runs, arm, seed, 64, "corpus2"), {t: v + shift for t, v in losses.items()})
+    x = np.log(_m_analysis.WIDTHS)
+    weight64 = (x[0] - x.mean()) / ((x - x.mean()) ** 2).sum()
+    pre = {r["slope"]: r for r in _m_analysis.analyse(runs)["rows"]}
+    again = {r["slope"]: r for r in _m_analysis.analyse(runs, width64="corpus2")["rows"]}
+    for arm in _m_analysis.ARMS:
+        assert pre[f"{arm}, ln(width)"]["mean"] == pytest.approx(np.mean(W_SLOPE[arm]), abs=1e-9)
+        assert again[f"{arm}, ln(width)"]["mean"] == pytest.approx(np.mean(W_SLOPE[arm]) + 0.02 * weight64, abs=1e-9)
+        horizon = f"{arm}, ln(t - 480)"
+        assert again[horizon]["mean"] == pre[horizon]["mean"] and again[horizon]["p"] == pre[horizon]["p"]

@@ -215,3 +215,12 @@ def test_l_width512_is_ls_five_key_arms_at_width_512_on_three_lrs_and_ls_recipe_
         assert cfg == config_lib.override(configs.load("tiny"), [
             *ls_run, "model.d_model=512", "model.n_head=8", f"data.path={tmp_path / 'gpu_corpus'}",
             "train.checkpoint_every=0"]), name
+
+
+def test_the_corpus_check_trains_the_horizon_part_s_2000_step_runs_again():
+    again, = sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "mw_w64_corpus2.py"))).values()
+    horizon = sweep_lib.groups(sweep_lib.load_spec(str(ROOT / "scripts" / "sweeps" / "mh_horizon.py")))
+    at_2000 = horizon["mh_horizon/steps=2000"]
+    assert again.seeds == at_2000.seeds and list(again.arms) == list(at_2000.arms) == ["none", "linear", "ramp"]
+    for arm in again.arms:
+        assert resolved("mw_w64_corpus2", arm) == resolved("mh_horizon", arm, "mh_horizon/steps=2000")

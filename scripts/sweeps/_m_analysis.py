@@ -5,12 +5,18 @@ the final gaps at widths 64, 128 and 192; the four slopes' means, paired-t 95% i
 sign-flip p's, Holm over the four, each slope's verdict, for a width slope toward the paper the
 crossing width with its bootstrap interval, and each part's machine time.
 
-    python scripts/sweeps/_m_analysis.py      # markdown on standard output
+    python scripts/sweeps/_m_analysis.py                    # markdown on standard output
+    python scripts/sweeps/_m_analysis.py --width64 corpus2  # the corpus check (docs/m/LOG.md)
 
 A seed whose runs of one slope did not all finish is left out of that slope and counted as lost.
+
+`--width64 corpus2` is not pre-registered: it takes width 64's runs from mw_w64_corpus2.py, which
+trains them again on the corpus the widths 128 and 192 train on (docs/m/LOG.md says why), so that
+the width slopes can be read with every width on one corpus.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import pathlib
@@ -39,9 +45,12 @@ def horizon_run(runs: pathlib.Path, arm: str, seed: int, steps: int) -> pathlib.
     return runs / "mh_horizon" / "mh_horizon" / f"steps={steps}" / f"{arm}_s{seed}"
 
 
-def width_run(runs: pathlib.Path, arm: str, seed: int, w: int) -> pathlib.Path:
-    """Width 64 is the horizon part's 2000-step run (M.md: width 64's runs are (i)'s at 2000 steps)."""
+def width_run(runs: pathlib.Path, arm: str, seed: int, w: int, width64: str = "horizon") -> pathlib.Path:
+    """Width 64 is the horizon part's 2000-step run (M.md: width 64's runs are (i)'s at 2000 steps),
+    or with width64="corpus2" its rerun on the second corpus."""
     if w == WIDTHS[0]:
+        if width64 == "corpus2":
+            return runs / "mw_w64_corpus2" / "mw_w64_corpus2" / f"{arm}_s{seed}"
         return horizon_run(runs, arm, seed, 2000)
     return runs / "mw_width" / "mw_width" / f"{arm}_w{w}_s{seed}"
 
@@ -88,10 +97,10 @@ def final_gap(a: pathlib.Path, b: pathlib.Path) -> float | None:
     return la[last] - lb[last] if last in lb else None
 
 
-def width_gaps(runs: pathlib.Path, arm: str) -> dict[int, dict[int, float | None]]:
+def width_gaps(runs: pathlib.Path, arm: str, width64: str = "horizon") -> dict[int, dict[int, float | None]]:
     """{seed: {width: final gap}}."""
-    return {seed: {w: final_gap(width_run(runs, arm, seed, w), width_run(runs, "none", seed, w)) for w in WIDTHS}
-            for seed in SEEDS}
+    return {seed: {w: final_gap(width_run(runs, arm, seed, w, width64), width_run(runs, "none", seed, w, width64))
+                   for w in WIDTHS} for seed in SEEDS}
 
 
 def width_slopes(gaps: dict) -> dict[int, float | None]:
@@ -139,12 +148,12 @@ def crossing_width(gap64: list[float], slopes: list[float], *, n_boot: int = N_B
             "never": float(np.mean(np.isinf(boot)))}
 
 
-def analyse(runs: pathlib.Path = RUNS) -> dict:
+def analyse(runs: pathlib.Path = RUNS, width64: str = "horizon") -> dict:
     slopes, gaps_by_arm = {}, {}
     for arm in ARMS:
         slopes[f"{arm}, ln(t - {RAMP_END})"] = horizon_slopes(runs, arm)
     for arm in ARMS:
-        gaps_by_arm[arm] = width_gaps(runs, arm)
+        gaps_by_arm[arm] = width_gaps(runs, arm, width64)
         slopes[f"{arm}, ln(width)"] = width_slopes(gaps_by_arm[arm])
     rows = family(slopes)
     crossings = {}
@@ -201,4 +210,7 @@ def markdown(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(markdown(analyse()))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width64", choices=("horizon", "corpus2"), default="horizon",
+                        help="where width 64's runs come from: (i)'s (pre-registered) or their corpus-2 rerun")
+    sys.stdout.write(markdown(analyse(width64=parser.parse_args().width64)))
