@@ -224,3 +224,10 @@ def test_the_corpus_check_trains_the_horizon_part_s_2000_step_runs_again():
     assert again.seeds == at_2000.seeds and list(again.arms) == list(at_2000.arms) == ["none", "linear", "ramp"]
     for arm in again.arms:
         assert resolved("mw_w64_corpus2", arm) == resolved("mh_horizon", arm, "mh_horizon/steps=2000")
+
+
+def test_the_horizon_control_is_the_horizon_part_s_none_at_8000_steps_with_its_lr_or_warmup_changed():
+    none_8000 = ("mh_horizon", "none", "mh_horizon/steps=8000")
+    assert resolved("mh_control", "none_lr1e-3") == config_lib.override(resolved(*none_8000), ["optim.lr=1e-3"])
+    assert resolved("mh_control", "warmup1000") == config_lib.override(
+        resolved(*none_8000), ["optim.lr=4e-3", "optim.warmup_steps=1000"])
