@@ -124,3 +124,14 @@ def test_a_resume_may_not_switch_document_masking_and_an_older_run_counts_as_off
     assert identity == ["model.reset_positions (saved False, now True)", "data.document_mask (saved False, now True)"]
     older = {s: {k: v for k, v in f.items() if k not in ("document_mask", "reset_positions")} for s, f in saved.items()}
     assert workdir.changed_settings(older, saved) == ([], [])
+
+
+def test_the_kv_cache_refuses_segment_ids():
+    from andrea_jax.model import layers
+    cfg = small("gpt2")
+    blk = {n: v[0] for n, v in model_lib.init(cfg, jax.random.key(0))["params"]["blocks"].items()}
+    k, v = model_lib.empty_cache(cfg, 1)
+    cache = (k[0], v[0], jnp.int32(0), jnp.ones((1, cfg.seq_len), bool))
+    with pytest.raises(ValueError, match="^document segment ids are for training's packed rows; the KV cache takes none$"):
+        layers.attention(jnp.zeros((1, 4, 32)), blk["attn_qkv_kernel"], blk["attn_qkv_bias"], blk["attn_out_kernel"],
+                         blk["attn_out_bias"], cfg, cache=cache, segment_ids_BT=jnp.zeros((1, 4), jnp.int32))

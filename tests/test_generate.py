@@ -141,6 +141,14 @@ def test_left_padded_rows_with_garbage_padding_equal_their_unpadded_prompts_at_e
         assert np.abs(unmasked[r, P:] - cached[r, P:]).max() > 0.1, r
 
 
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_empty_cache_holds_every_layer_s_keys_and_values_in_the_compute_dtype(dtype):
+    k, v = model_lib.empty_cache(dataclasses.replace(SMALL, dtype=dtype), 5)
+    for cache in (k, v):   # bf16 compute keeps a bf16 cache: half the memory of a float32 one
+        assert cache.shape == (3, 5, 24, 4, 8) and cache.dtype == jnp.dtype(dtype) and not cache.any()
+
+
 def test_sampling_filters_and_seeds():
     logits = jnp.array([[0.0, 3.0, 2.9, -1.0, 1.0]] * 4)
     keys = jax.random.split(jax.random.key(0), 200)

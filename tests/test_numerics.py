@@ -122,6 +122,20 @@ def test_xla_attention_equals_written_out_softmax_attention_and_cudnn_falls_back
     assert model_lib.attention_impl(dataclasses.replace(SMALL, attention="xla")) == ("xla", "model.attention=xla")
 
 
+
+def test_cudnn_attention_is_chosen_on_a_gpu_only_for_bf16_and_head_dims_it_takes(monkeypatch):
+    from andrea_jax import kernels
+    monkeypatch.setattr(kernels, "target_backend", lambda: "gpu")
+    for d_model, n_head, ok in ((64, 4, True), (8, 1, True), (128, 1, True), (96, 8, False), (136, 1, False)):
+        cfg = dataclasses.replace(SMALL, attention="auto", dtype="bfloat16", d_model=d_model, n_head=n_head)
+        impl, why = model_lib.attention_impl(cfg)
+        assert (impl, why) == (("cudnn", "model.attention=auto: cuDNN flash attention") if ok else
+                               ("xla", f"model.attention=auto falls back to xla: head dim {d_model // n_head} "
+                                       "(cuDNN needs a multiple of 8, at most 128)")), (d_model, n_head)
+    impl, why = model_lib.attention_impl(dataclasses.replace(SMALL, attention="cudnn", dtype="float32"))
+    assert impl == "xla" and why.endswith("model.dtype=float32 (cuDNN flash attention needs bfloat16)")
+
+
 def test_the_steps_masked_padded_logits_give_the_same_loss_and_gradients():
     params = model_lib.init(SMALL, jax.random.key(0))["params"]
     tokens = jax.random.randint(jax.random.key(5), BATCH_SHAPE, 0, SMALL.vocab_size)

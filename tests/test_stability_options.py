@@ -3,6 +3,7 @@ optim.skip_spikes (a loss spike's update is not applied), optim.z_loss (PaLM's l
 logged apart from the loss) and model.qk_norm (RMSNorm of each head's queries and keys). Resume
 with spike skipping on: tests/test_resume.py (the SIGTERM test runs with it)."""
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -179,7 +180,13 @@ def test_qk_norm_normalises_each_head_s_queries_and_keys(family):
     y_BTD = jax.random.normal(jax.random.key(3), (2, 5, 32))
     blk = {n: v[0] for n, v in params["blocks"].items()}
     gains = (np.linspace(0.5, 1.5, K, dtype=np.float32), np.linspace(2.0, 1.0, K, dtype=np.float32))
-    attention = jax.jit(layers.attention, static_argnums=5)  # op by op, each operation would compile alone
+    # with llama's RoPE after the norm: rotation mixes a head's dimensions in pairs, so the gains of q
+    # and of k no longer enter the scores only as their product, and swapping them shows
+    from andrea_jax.model import llama
+    rotate = ((lambda x: llama.apply_rope(x, llama.rope_tables(jnp.arange(5)[None].repeat(2, 0), K)))
+              if family == "llama" else None)
+    attention = jax.jit(functools.partial(layers.attention, rotate=rotate), static_argnums=5)  # op by op,
+    # each operation would compile alone
     got, _ = attention(y_BTD, blk["attn_qkv_kernel"], blk.get("attn_qkv_bias"), blk["attn_out_kernel"],
                        blk.get("attn_out_bias"), cfg, qk_gains=gains)
     # The transcription in float64 numpy, from the same float32 inputs.
@@ -187,12 +194,17 @@ def test_qk_norm_normalises_each_head_s_queries_and_keys(family):
     qkv = (y_BTD @ blk["attn_qkv_kernel"] + blk.get("attn_qkv_bias", 0.0)).reshape(2, 5, 3, 4, K)
     rms = lambda x, g: x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + cfg.ln_eps) * g
     q, k, v = rms(qkv[:, :, 0], gains[0]), rms(qkv[:, :, 1], gains[1]), qkv[:, :, 2]
+    if family == "llama":   # pair i = (x_i, x_{i+K/2}) turned by position * 10000^(-2i/K)
+        angle = np.arange(5)[None, :, None, None] * 10000.0 ** (-2 * np.arange(K // 2) / K)
+        turn = lambda x: np.concatenate([x[..., :K // 2] * np.cos(angle) - x[..., K // 2:] * np.sin(angle),
+                                         x[..., K // 2:] * np.cos(angle) + x[..., :K // 2] * np.sin(angle)], -1)
+        q, k = turn(q), turn(k)
     scores = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(K) + np.where(np.tri(5, dtype=bool), 0, -np.inf)
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     o = np.einsum("bhts,bshk->bthk", weights / weights.sum(-1, keepdims=True), v).reshape(2, 5, 32)
     want = o @ blk["attn_out_kernel"] + blk.get("attn_out_bias", 0.0)
-    # outputs up to 0.035; against the float64 transcription measured 8.3e-9 (gpt2, llama; natively and under AVX2):
-    # 1e-7 allows a float32 one
+    # outputs up to 0.035; against the float64 transcription measured 6.1e-9 (gpt2) and 6.3e-9 (llama, with
+    # RoPE), natively and under AVX2: 1e-7 allows a float32 one
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
 
     # The cached forward (a prefill, then token by token) equals the full one.
