@@ -160,6 +160,65 @@ def test_native_round_trips_bit_exactly(tok_path, tmp_path, overrides):
     assert back.tokenizer.encode(TEXT).ids == loaded.tokenizer.encode(TEXT).ids
 
 
+
+def test_a_tampered_native_export_is_refused_in_one_line_that_says_why(tok_path, tmp_path):
+    import re
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    good = export.export(init_loaded(tok_path), tmp_path / "good", "native")
+
+    def tampered(name, change):
+        path = tmp_path / name
+        shutil.copytree(good, path)
+        change(path)
+        return path
+
+    def edit_config(**changes):
+        def change(path):
+            meta = json.loads((path / "config.json").read_text())
+            (path / "config.json").write_text(json.dumps({**meta, **changes}))
+        return change
+
+    def edit_tensors(change):
+        def write(path):
+            flat = load_file(str(path / "model.safetensors"))
+            change(flat)
+            save_file(flat, str(path / "model.safetensors"))
+        return write
+
+    cases = {
+        "old_format": (edit_config(format="andrea-native-0"), "{p}: not a native export of andrea_jax"),
+        "hf": (edit_config(format=None, model_type="gpt2"),
+               "{p}: not a native export of andrea_jax (a Hugging Face export: load it with transformers)"),
+        "not_json": (lambda p: (p / "config.json").write_text("{"), "{p}/config.json: not JSON (.*)"),
+        "no_tokenizer": (lambda p: (p / "tokenizer.json").unlink(),
+                         "{p}/tokenizer.json: missing; {p} is not a native export of andrea_jax"),
+        "newer_config": (edit_config(config={**json.loads((good / "config.json").read_text())["config"], "gpu": {}}),
+                         "{p}/config.json: not a config of this version of andrea_jax (.*)"),
+        "damaged": (lambda p: (p / "model.safetensors").write_bytes(b"garbage"),
+                    "{p}/model.safetensors: cannot be read (.*)"),
+        "a_shape": (edit_tensors(lambda f: f.update(lnf_bias=f["lnf_bias"][:-1])),
+                    "{p}/model.safetensors: its tensors do not match the model its config describes"),
+        "a_tensor_less": (edit_tensors(lambda f: f.pop("lnf_bias")),
+                          "{p}/model.safetensors: its tensors do not match the model its config describes"),
+    }
+    for name, (change, message) in cases.items():
+        path = tampered(name, change)
+        with pytest.raises(load.LoadError) as err:
+            load.load(export=path)
+        assert re.fullmatch(re.escape(message.format(p=path)).replace(re.escape("(.*)"), r"\(.*\)"),
+                            str(err.value)), (name, str(err.value))
+    for extra in ({"step": 3}, {"weights": "ema"}):
+        with pytest.raises(load.LoadError, match=rf"^{good}: an export holds one set of weights; --step and --weights"):
+            load.load(export=good, **extra)
+    with pytest.raises(ValueError, match="^give exactly one of workdir or export$"):
+        load.load(workdir=tmp_path, export=good)
+    assert load.load(export=good).step == 7
+    from safetensors import safe_open
+    with safe_open(str(good / "model.safetensors"), "numpy") as f:   # for readers other than ours
+        assert f.metadata() == {"format": "andrea-native-1", "step": "7"}
+
+
 def test_cli_writes_an_hf_export(trained_run, tmp_path):
     out = tmp_path / "hf"
     proc = run_module("andrea_jax.serve.export", "--workdir", trained_run(), "--out", out, "--step", 3)
