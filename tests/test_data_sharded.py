@@ -128,3 +128,77 @@ def test_an_index_that_does_not_match_its_records_is_one_line_naming_the_record(
     with pytest.raises(DataError, match=rf"^token shard {tmp_path}/{token_shards.shard_file(3, len(SIZES))} record 1 "
                                         rf"is not the 2 token ids its index says: prepare the dataset again$"):
         loader.gather_windows(token_shards.ShardedTokens.open(tmp_path), [8], T)   # tokens 32..36: its records 0 - 2
+
+
+def test_indexing_and_slicing_follow_numpy(sharded):
+    assert sharded[N_TOKENS - 1] == TOKENS[-1] and sharded[-N_TOKENS] == TOKENS[0]
+    for outside in (N_TOKENS, -N_TOKENS - 1):
+        with pytest.raises(IndexError, match=f"^{outside}$"):   # numpy's own words, not an index inside
+            sharded[outside]
+    assert len(sharded[10:5]) == 0 and np.asarray(sharded[10:5]).shape == (0,)   # a reversed slice is empty
+    np.testing.assert_array_equal(sharded[3:40:3], TOKENS[3:40:3])
+    np.testing.assert_array_equal(sharded[::-7], TOKENS[::-7])
+
+
+def test_a_copy_for_a_worker_process_leaves_the_opened_readers_behind(sharded):
+    import pickle
+    sharded[40]
+    assert sharded.opened_shards() == [3]
+    copy = pickle.loads(pickle.dumps(sharded))
+    assert copy.opened_shards() == [] and copy[40] == 40 and copy.opened_shards() == [3]
+
+
+def rewrite_json(path, change):
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def test_a_bad_manifest_or_index_is_one_line_naming_the_file(sharded, tmp_path):
+    manifest, shard3 = tmp_path / "manifest.json", tmp_path / token_shards.shard_file(3, len(SIZES))
+    index3 = tmp_path / token_shards.index_file(shard3.name)
+    good = manifest.read_text()
+    manifest.write_text("[1]")
+    with pytest.raises(DataError, match=rf"^token dataset manifest {manifest} is not a JSON object; delete it to "
+                                        rf"rebuild$"):
+        token_shards.ShardedTokens.open(tmp_path)
+    rewrite_json(manifest, lambda m: dict(json.loads(good), format="andrea-tokens/1"))
+    with pytest.raises(DataError, match=rf"^{manifest} is not a token dataset of format andrea-tokens/2 \(it says "
+                                        rf"'andrea-tokens/1'\): prepare it again$"):
+        token_shards.ShardedTokens.open(tmp_path)
+    # shard 3 said to hold one document more than its file has
+    rewrite_json(manifest, lambda m: dict(json.loads(good), shards=[
+        dict(s, documents=s["documents"] + (s["file"] == shard3.name)) for s in json.loads(good)["shards"]]))
+    with pytest.raises(DataError, match=rf"^token shard {shard3} has 7 records and an index of 7, not 8: prepare "
+                                        rf"the dataset again$"):
+        loader.gather_windows(token_shards.ShardedTokens.open(tmp_path), [10], T)
+    ends = np.load(index3)
+    np.save(index3, np.append(ends, ends[-1]))   # ... and its index agreeing
+    with pytest.raises(DataError, match=rf"^token shard {shard3} has 7 records and an index of 8, not 8: prepare "
+                                        rf"the dataset again$"):
+        loader.gather_windows(token_shards.ShardedTokens.open(tmp_path), [10], T)
+    manifest.write_text(good)
+    np.save(index3, ends[:-1])
+    with pytest.raises(DataError, match=rf"^token shard {shard3} has 7 records and an index of 6, not 7: prepare "
+                                        rf"the dataset again$"):
+        loader.gather_windows(token_shards.ShardedTokens.open(tmp_path), [10], T)
+    index3.write_bytes(b"not an array")
+    with pytest.raises(DataError, match=rf"^token shard {shard3} is unreadable \(ValueError: .*\): prepare the "
+                                        rf"dataset again$"):
+        loader.gather_windows(token_shards.ShardedTokens.open(tmp_path), [10], T)
+    index3.unlink()
+    with pytest.raises(DataError, match=rf"^token shard {shard3} has no index {index3.name}: prepare the dataset "
+                                        rf"again \(a rerun redoes only the missing shards once {manifest} is "
+                                        rf"deleted\)$"):
+        token_shards.ShardedTokens.open(tmp_path)
+
+
+def test_a_record_that_is_not_a_tokens_example_is_named(tmp_path, monkeypatch):
+    # a shard whose records carry another feature name: the same lengths, another header
+    monkeypatch.setattr(token_shards, "FEATURE", "tokenz")
+    monkeypatch.setattr(token_shards, "_HEADERS", {})
+    marker = shard_writer.write_shard(tmp_path, token_shards.shard_file(0, 1), [(TOKENS[:20], np.array([5, 15]))],
+                                      np.uint16, {"tokenizer": "abc"})
+    shard_writer.write_manifest(tmp_path, [marker], tokenizer="abc")
+    monkeypatch.undo()
+    with pytest.raises(DataError, match=rf"^token shard {tmp_path}/{token_shards.shard_file(0, 1)} record 0 is not "
+                                        rf"the 5 token ids its index says: prepare the dataset again$"):
+        np.asarray(token_shards.ShardedTokens.open(tmp_path))
