@@ -172,3 +172,69 @@ def test_a_run_evaluates_every_eval_every_steps_and_at_its_last(every, steps):
     cfg = config_lib.Config()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=12, eval_every=every))
     assert [step for step in range(1, 13) if trainer.at_eval(cfg)(step)] == steps
+
+
+def test_the_step_line_s_throughput_mfu_and_skipped_updates(tmp_path, monkeypatch):
+    import jax
+    import optax
+    from andrea_jax import ramps
+    ctx, state, _, _ = fake_run(tmp_path, steps=20)
+    cfg = dataclasses.replace(ctx.cfg, optim=dataclasses.replace(ctx.cfg.optim, skip_nonfinite=True))
+    ctx = dataclasses.replace(ctx, cfg=cfg, corpus=types.SimpleNamespace(mixture=None), flops_per_token=6.0,
+                              peak_flops=1e3)
+    guard = optax.ApplyIfFiniteState(notfinite_count=np.int32(0), last_finite=np.bool_(True),
+                                     total_notfinite=np.int32(3), inner_state=())
+    state.train = types.SimpleNamespace(opt_state=(guard,))
+    state.step_metrics, state.last_step, state.last_time = {"loss": np.float32(5.0)}, 4, 10.0
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: 12.0)   # 2 s since the line of step 4
+    monkeypatch.setattr(jax, "device_count", lambda: 4)   # the peak is per chip: mfu divides by the chips
+    line = hooks.step_line(ctx, state, 12, {})
+    per_step = cfg.train.batch_size * cfg.model.seq_len
+    assert ramps.tokens_at(cfg, 12) - ramps.tokens_at(cfg, 4) == 8 * per_step   # no ramp: 8 steps' tokens
+    assert line["tokens_per_sec"] == 8 * per_step / 2.0
+    assert line["mfu"] == pytest.approx(8 * per_step / 2.0 * 6.0 / (1e3 * 4), rel=1e-12)
+    assert line["skipped_updates"] == 3 and "tokens" not in line   # a run without a ramp: no running total
+    no_peak = hooks.step_line(dataclasses.replace(ctx, peak_flops=None), state, 12, {})
+    assert "mfu" not in no_peak
+
+
+def test_validation_prints_its_loss_and_adds_the_knockout_and_the_average_s(tmp_path):
+    ctx, state, _, _ = fake_run(tmp_path, steps=4)
+    batches = [np.zeros((2, 5), np.int32)] * 2   # 8 targets each
+    eval_step = lambda params, step, batch, bpt: (np.float32(params["w"]), np.float32(10.0))
+    knock = lambda params, step, batch: np.array([params["w"] + 1, params["w"] + 3], np.float32)
+    state.step_metrics = {"loss": np.float32(2.5)}
+    state.train = types.SimpleNamespace(params={"w": 2.0}, step=4, opt_state=optim.EmaState({"w": 1.5}, ()))
+    assert hooks.validate(ctx, state, 4, {}) == {}   # no validation batches: nothing, and nothing printed
+    assert ctx.bar.written == []
+    ctx = dataclasses.replace(ctx, val=batches, eval_step=eval_step, knockout_step=knock)
+    line = hooks.validate(ctx, state, 4, {})
+    bpb = lambda loss: loss * 16 / (np.log(2.0) * 20.0)   # 16 targets, 20 bytes
+    assert line == {"val_loss": 2.0, "val_bpb": pytest.approx(bpb(2.0)), "knockout": [1.0, 3.0],
+                    "val_loss_ema": 1.5, "val_bpb_ema": pytest.approx(bpb(1.5))}
+    assert ctx.bar.written == ["step 4: loss 2.5000  val_loss 2.0000"]
+
+
+def test_the_context_names_where_metrics_and_checkpoints_are(tmp_path):
+    ctx, state, _, _ = fake_run(tmp_path, steps=4)
+    ctx = dataclasses.replace(ctx, run_dir=types.SimpleNamespace(metrics=tmp_path / "metrics.jsonl"))
+    assert ctx.where == f"metrics so far are in {tmp_path / 'metrics.jsonl'}" and ctx.saved_at(5) is None
+    ctx = dataclasses.replace(ctx, ckpt=types.SimpleNamespace(directory=tmp_path / "checkpoints"))
+    assert ctx.where == (f"metrics so far are in {tmp_path / 'metrics.jsonl'}, checkpoints (none after the "
+                         f"failure) in {tmp_path / 'checkpoints'}")
+    assert ctx.saved_at(5) == f"{tmp_path / 'checkpoints'}/5"
+
+
+def test_the_spike_score_hook_scores_the_run_s_losses_with_its_window_and_sigmas(tmp_path):
+    from andrea_jax.train import diagnostics
+    ctx, state, _, _ = fake_run(tmp_path, steps=4)
+    g = ctx.cfg.diagnostics
+    losses = list(3.0 + 0.1 * np.random.default_rng(0).standard_normal(g.spike_window + 200))
+    for at in range(g.spike_window + 10, len(losses), 20):
+        losses[at] += 0.1 * (4 + 3 * (at % 3))   # spikes of 4, 7 and 10 sd
+    ctx = dataclasses.replace(ctx, metrics=types.SimpleNamespace(step_losses=losses))
+    want = diagnostics.spike_score(losses, g.spike_window, g.spike_sigmas)
+    assert 0 < want != diagnostics.spike_score(losses, g.spike_window, 2 * g.spike_sigmas)
+    assert want != diagnostics.spike_score(losses, g.spike_window // 2, g.spike_sigmas)
+    assert hooks.spike_score(ctx, state, 4, {}) == {"spike_score": want}
+    assert hooks.latest_spike(spiky_opt_state(skipped=0, last_step=-1)) == (0, None)
