@@ -85,3 +85,23 @@ def test_zero_warmup_means_fully_on_and_bad_arguments_fail():
     cfg = dataclasses.replace(cfg, prores=dataclasses.replace(cfg.prores, scale_updates="alpha_cubed"))
     with pytest.raises(ValueError, match="unknown prores.scale_updates 'alpha_cubed'; known: none, alpha"):
         prores.update_scales(cfg, 0)
+
+
+def test_what_a_run_multiplies_its_branches_and_its_updates_by():
+    from andrea_jax import config as config_lib
+    run = lambda *extra: config_lib.validate(config_lib.override(configs.load("tiny"), [
+        "model.n_layer=4", "prores.schedule=linear", "prores.warmup=10", *extra]))
+    a = np.array([formula("linear", l, 15, 10, 4) for l in range(1, 5)], np.float32)
+    assert a.tolist() == [1.0, 0.75, 0.5, 0.375]
+    np.testing.assert_array_equal(prores.run_alphas(run(), 15), a)
+    np.testing.assert_array_equal(prores.run_alphas(run("prores.forward=false", "prores.scale_updates=alpha"), 15),
+                                  np.ones(4))
+    # Depth-muP at 4 blocks of base depth 1: every branch times (4 / 1)^(-1/2) = 0.5, on top of the alphas
+    np.testing.assert_array_equal(prores.run_alphas(run("model.depth_param=depth_mup", "model.depth_base=1"), 15),
+                                  a * np.float32(0.5))
+    for mode, want in {"none": np.ones(4, np.float32), "alpha": a, "sqrt_alpha": np.sqrt(a),
+                       "alpha_sq": np.square(a)}.items():
+        np.testing.assert_array_equal(prores.update_scales(run(f"prores.scale_updates={mode}"), 15), want)
+    # the update takes the schedule's alphas whether or not the forward pass uses them
+    np.testing.assert_array_equal(
+        prores.update_scales(run("prores.forward=false", "prores.scale_updates=alpha"), 15), a)
