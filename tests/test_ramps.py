@@ -46,6 +46,13 @@ def test_the_plan_gives_each_step_its_shape_and_the_tokens_before_it():
     assert [ramps.shape_at(cfg, s) for s in range(5)] == [(2, 16)] * 3 + [(4, 16)] * 2
     assert [ramps.tokens_at(cfg, s) for s in range(6)] == [0, 32, 64, 96, 160, 224]
     assert not ramps.ramped(toy()) and ramps.plan(toy()) == (ramps.Segment(0, 0, 4, 16, None),)
+    # a sequence-length ramp alone is a ramp too: the clock counts its tokens
+    cfg = toy("model.seq_len_ramp=8@128", "train.steps=6")   # 4x8 steps of 32 tokens to 128, then 4x16
+    assert ramps.ramped(cfg) and [float(ramps.clock(cfg, s)) for s in (2, 4, 5)] == [1.0, 2.0, 3.0]
+    # a run that ends inside its ramp lists only the shapes it reaches
+    assert ramps.describe(toy(*RAMP, "train.steps=5")) == (
+        "ramp: 2 step shape(s) (batch x seq_len), one compile each: 2x8 from step 1 (0 tokens), 4x8 from step 5 "
+        "(64 tokens); schedules count tokens seen, in steps of 64 tokens")
 
 
 def test_with_constant_shapes_the_token_clock_gives_the_step_clocks_alphas_and_lrs():
