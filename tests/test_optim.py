@@ -156,3 +156,8 @@ def test_guard_off_computes_plain_adamw():
         # The guard wraps the same math in another program: measured bit-equal natively, AVX2,
         # SSE4_2; ~10 float32 ulps of the parameters (near 1) or of the updates (1e-2) allowed.
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+
+
+def test_a_schedule_it_does_not_know_is_refused_by_name():
+    with pytest.raises(ValueError, match="^unknown LR schedule 'linear'$"):
+        optim.lr_schedule(dataclasses.replace(OptimConfig(), schedule="linear"), 100)
