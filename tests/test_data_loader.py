@@ -101,6 +101,11 @@ def test_a_state_from_other_data_or_batching_is_refused_by_name(tmp_path):
         loader.set_state(loader.train_iterator(batches(16, seed=1)), state, now, where="checkpoint 7")
     with pytest.raises(DataError, match="checkpoint 7 is not a loader state of format"):
         loader.set_state(it, {"grain": state["grain"]}, saved, where="checkpoint 7")
+    # another seed shuffles other windows into the same positions: the state is refused too
+    with pytest.raises(DataError, match=r"^checkpoint 7 belongs to other data or batching \(seed: saved 1, now 2\); "):
+        loader.set_state(loader.train_iterator(batches(8, seed=2)), state,
+                         loader.state_fingerprint(tokens_key="k", n_tokens=N_TOKENS, seq_len=T, global_batch=8,
+                                                  seed=2), where="checkpoint 7")
 
 
 def test_validation_batches_are_fixed_windows_in_order_split_per_process():
@@ -126,3 +131,6 @@ def test_too_few_windows_for_one_batch_says_so():
         batches(64)
     with pytest.raises(DataError, match="train.batch_size=8 is not divisible by the 3 processes"):
         batches(8, process_count=3)
+    with pytest.raises(DataError, match=r"^the training tokens make 37 windows of seq_len \+ 1 = 5, fewer than one batch "
+                                        r"of train.batch_size=64: use a larger corpus or a smaller batch$"):
+        loader.staged_dataset(TOKENS, seq_len=T, full_batch=64, seed=0, stage=lambda k: (64, T, 64 * k))
