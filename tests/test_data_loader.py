@@ -131,6 +131,6 @@ def test_too_few_windows_for_one_batch_says_so():
         batches(64)
     with pytest.raises(DataError, match="train.batch_size=8 is not divisible by the 3 processes"):
         batches(8, process_count=3)
-    with pytest.raises(DataError, match=r"^the training tokens make 37 windows of seq_len \+ 1 = 5, fewer than one batch "
-                                        r"of train.batch_size=64: use a larger corpus or a smaller batch$"):
+    with pytest.raises(DataError, match=r"^the training tokens make 37 windows of seq_len \+ 1 = 5, fewer than one "
+                                        r"batch of train.batch_size=64: use a larger corpus or a smaller batch$"):
         loader.staged_dataset(TOKENS, seq_len=T, full_batch=64, seed=0, stage=lambda k: (64, T, 64 * k))

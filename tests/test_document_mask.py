@@ -132,6 +132,7 @@ def test_the_kv_cache_refuses_segment_ids():
     blk = {n: v[0] for n, v in model_lib.init(cfg, jax.random.key(0))["params"]["blocks"].items()}
     k, v = model_lib.empty_cache(cfg, 1)
     cache = (k[0], v[0], jnp.int32(0), jnp.ones((1, cfg.seq_len), bool))
-    with pytest.raises(ValueError, match="^document segment ids are for training's packed rows; the KV cache takes none$"):
+    refused = "^document segment ids are for training's packed rows; the KV cache takes none$"
+    with pytest.raises(ValueError, match=refused):
         layers.attention(jnp.zeros((1, 4, 32)), blk["attn_qkv_kernel"], blk["attn_qkv_bias"], blk["attn_out_kernel"],
                          blk["attn_out_bias"], cfg, cache=cache, segment_ids_BT=jnp.zeros((1, 4), jnp.int32))
