@@ -221,3 +221,52 @@ def test_generate_cli_streams_from_a_workdir_and_refuses_a_missing_one(trained_r
     proc = run_module("andrea_jax.serve.generate", "--workdir", tmp_path / "nope", "--prompt", "x")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'nope'}: no such run folder"]
+
+
+def test_an_empty_prompt_starts_a_document_and_a_context_long_request_is_capped(tok):
+    loaded = loaded_model(tok=tok)
+    eot = tok_lib.eot_id(tok)
+    greedy = dict(max_new_tokens=5, temperature=0.0, stop_at_eot=False)
+    assert gen.generate(loaded, [[]], **greedy) == gen.generate(loaded, [[eot]], **greedy)
+    with pytest.warns(UserWarning, match="max_new_tokens=24 does not fit the context of 24 tokens"):
+        assert len(gen.generate(loaded, [[1]], max_new_tokens=24, temperature=0.0, stop_at_eot=False)[0]) == 23
+
+
+def test_a_row_that_has_ended_keeps_emitting_end_of_text_while_the_others_go_on(tok, monkeypatch):
+    # row 0 samples EOT first, then would sample 9s; row 1 samples 7s. Eagerly (no jit), so that the
+    # sampler below is the one the loop calls.
+    eot = tok_lib.eot_id(tok)
+    calls = []
+
+    def sampler(logits_BV, key, temperature, top_k, top_p):
+        calls.append(1)
+        return jnp.array([eot if len(calls) == 1 else 9, 7], jnp.int32)
+    monkeypatch.setattr(gen, "sample_logits", sampler)
+    seen = []
+    with jax.disable_jit():
+        got = gen.generate(loaded_model(tok=tok), [[5, 6], [7]], max_new_tokens=4, on_token=seen.append)
+    assert got == [[], [7, 7, 7, 7]] and seen == [eot] * 4
+
+
+def test_the_text_stream_prints_whole_characters_and_never_end_of_text(tok):
+    import io
+    ids = tok_lib.encode(tok, "日本 ok")
+    assert len(ids) > 3   # the test tokenizer spells the two characters in bytes: some tokens end mid-character
+    out, writes = io.StringIO(), []
+    stream = gen._TextStream(tok, out)
+    out.write = lambda text, write=out.write: writes.append(text) or write(text)
+    for token in ids + [tok_lib.eot_id(tok)]:
+        stream(token)
+    assert out.getvalue() == "日本 ok" and not any("\ufffd" in w for w in writes)
+
+
+def test_prompt_file_lines_are_prompts_with_escaped_newlines():
+    assert gen.file_prompts("first\\nline\n\n   \nsecond\n") == ["first\nline", "second"]
+
+
+@pytest.mark.parametrize("flag,value", [("--max-new-tokens", "0"), ("--temperature", "-0.5"), ("--top-k", "-1"),
+                                        ("--top-p", "0"), ("--top-p", "1.5")])
+def test_the_command_refuses_a_setting_out_of_range_before_loading(flag, value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        gen.main(["--export", str(tmp_path / "nothing"), "--prompt", "x", flag, value])
+    assert exit_.value.code == 2 and f"{flag} is out of range" in capsys.readouterr().err

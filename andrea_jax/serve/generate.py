@@ -231,6 +231,11 @@ def closing_sample(cfg, run_dir, state, tokenizer, *, has_checkpoint: bool) -> N
     print("--- sample ---\n" + prompt + tokenizer_lib.decode(tokenizer, new) + "\n--------------", flush=True)
 
 
+def file_prompts(text: str) -> list[str]:
+    """The prompts of a --prompt-file's text: one per line that is not blank, `\\n` standing for a newline."""
+    return [line.replace("\\n", "\n") for line in text.split("\n") if line.strip()]
+
+
 @signals.command  # a second SIGINT or SIGTERM stops the process at once, whatever it is doing
 def main(argv=None) -> int:
     from andrea_jax.serve import load
@@ -249,7 +254,7 @@ def main(argv=None) -> int:
     if args.prompt_file:
         try:
             with open(args.prompt_file, encoding="utf-8") as f:
-                prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+                prompts += file_prompts(f.read())
         except OSError as e:
             print(f"error: --prompt-file {args.prompt_file}: {e.strerror}", file=sys.stderr)
             return 1
