@@ -181,3 +181,18 @@ def test_the_step_line_carries_each_sources_tokens_so_far(datasets, tmp_path):
     line = hooks.step_line(ctx, state, 7, {})
     assert {k: v for k, v in line.items() if k.startswith("tokens/")} == {
         f"tokens/ds{s}": int(c) * SEQ_LEN for s, c in enumerate(counts)}
+
+
+def test_sources_are_named_by_their_folder_and_shuffled_apart():
+    assert mixture.source_names(["gs://b/web/", "data/x/code", "other/code"]) == ("web", "code_1", "code_2")
+    # two sources of the same length: each its own permutation of its windows
+    parts = (np.arange(41), np.arange(41) + 1000)   # 10 windows of 4 + 1 tokens each
+    mix = mixture.Mixture(names=("a", "b"), weights=(0.5, 0.5), train_parts=parts)
+    data = mixture.train_dataset(mix, seq_len=4, global_batch=2, seed=0)
+    rows = np.concatenate([data[k] for k in range(10)])
+    order = {s: [int(r[0] - 1000 * s) // 4 for r in rows if (r[0] >= 1000) == s] for s in (0, 1)}
+    assert sorted(order[0]) == sorted(order[1]) == list(range(10)) and order[0] != order[1]
+    short = mixture.Mixture(names=("a", "tiny"), weights=(0.5, 0.5), train_parts=(parts[0], np.arange(4)))
+    with pytest.raises(DataError, match=r"^data.mixture source tiny: its training part has 4 tokens, fewer than one "
+                                        r"window of model.seq_len \+ 1 = 5$"):
+        mixture.train_dataset(short, seq_len=4, global_batch=2, seed=0)
