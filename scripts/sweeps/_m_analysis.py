@@ -70,23 +70,19 @@ def slope(x, y) -> float:
     return float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
 
 
-def horizon_gaps(runs: pathlib.Path, arm: str, seed: int, steps: int = 8000) -> dict[int, float] | None:
-    a, b = val_losses(horizon_run(runs, arm, seed, steps)), val_losses(horizon_run(runs, "none", seed, steps))
-    if a is None or b is None:
+def horizon_slope(a: pathlib.Path, b: pathlib.Path) -> float | None:
+    """The slope in ln(t - 480) of run a's validation loss minus run b's over t = 1000, 1500, ..., 8000;
+    None unless both finished with every one of those evaluations."""
+    la, lb = val_losses(a), val_losses(b)
+    if la is None or lb is None or any(t not in la or t not in lb for t in HORIZON_STEPS):
         return None
-    return {t: a[t] - b[t] for t in sorted(set(a) & set(b))}
+    return slope([math.log(t - RAMP_END) for t in HORIZON_STEPS], [la[t] - lb[t] for t in HORIZON_STEPS])
 
 
 def horizon_slopes(runs: pathlib.Path, arm: str) -> dict[int, float | None]:
-    """{seed: slope of the gap in ln(t - 480) over t = 1000, 1500, ..., 8000}; None for a lost seed."""
-    out = {}
-    for seed in SEEDS:
-        gaps = horizon_gaps(runs, arm, seed)
-        if gaps is None or any(t not in gaps for t in HORIZON_STEPS):
-            out[seed] = None
-            continue
-        out[seed] = slope([math.log(t - RAMP_END) for t in HORIZON_STEPS], [gaps[t] for t in HORIZON_STEPS])
-    return out
+    """{seed: slope of the gap to `none` in ln(t - 480), 8000-step runs}; None for a lost seed."""
+    return {seed: horizon_slope(horizon_run(runs, arm, seed, 8000), horizon_run(runs, "none", seed, 8000))
+            for seed in SEEDS}
 
 
 def final_gap(a: pathlib.Path, b: pathlib.Path) -> float | None:
@@ -116,15 +112,18 @@ def verdict(mean: float, holm_p: float) -> str:
     return "no direction shown"
 
 
+def slope_row(by_seed: dict[int, float | None]) -> dict:
+    """Per-seed slopes summarised: n kept, lost, mean and paired-t 95% interval, exact sign-flip p."""
+    from andrea_jax.repro import stats
+    kept = [s for s in by_seed.values() if s is not None]
+    return {"n": len(kept), "lost": len(by_seed) - len(kept), **stats.paired_t(kept),
+            "p": stats.sign_flip_p(kept)["p"] if kept else math.nan}
+
+
 def family(slopes: dict[str, dict[int, float | None]]) -> list[dict]:
     """The four slopes' rows: n, lost, mean, paired-t interval, sign-flip p, Holm p over the family, verdict."""
     from andrea_jax.repro import stats
-    rows = []
-    for name, by_seed in slopes.items():
-        kept = [s for s in by_seed.values() if s is not None]
-        t = stats.paired_t(kept)
-        rows.append({"slope": name, "n": len(kept), "lost": len(by_seed) - len(kept), **t,
-                     "p": stats.sign_flip_p(kept)["p"] if kept else math.nan})
+    rows = [{"slope": name, **slope_row(by_seed)} for name, by_seed in slopes.items()]
     for row, adjusted in zip(rows, stats.holm([r["p"] for r in rows])):
         row["holm_p"] = adjusted
         row["verdict"] = verdict(row["mean"], adjusted)

@@ -33,15 +33,8 @@ def baseline_run(runs: pathlib.Path, baseline: str, seed: int) -> pathlib.Path:
 
 def slopes(runs: pathlib.Path, arm: str, baseline: str) -> dict[int, float | None]:
     """{seed: slope of (arm - baseline) in ln(t - 480) over t = 1000, ..., 8000}; None for a lost seed."""
-    out = {}
-    for seed in SEEDS:
-        a, b = m.val_losses(m.horizon_run(runs, arm, seed, 8000)), m.val_losses(baseline_run(runs, baseline, seed))
-        if a is None or b is None or any(t not in a or t not in b for t in m.HORIZON_STEPS):
-            out[seed] = None
-            continue
-        out[seed] = m.slope([math.log(t - m.RAMP_END) for t in m.HORIZON_STEPS],
-                            [a[t] - b[t] for t in m.HORIZON_STEPS])
-    return out
+    return {seed: m.horizon_slope(m.horizon_run(runs, arm, seed, 8000), baseline_run(runs, baseline, seed))
+            for seed in SEEDS}
 
 
 def spread_at(runs: pathlib.Path, baseline: str, step: int = 2000) -> tuple[float, float, int]:
@@ -52,16 +45,8 @@ def spread_at(runs: pathlib.Path, baseline: str, step: int = 2000) -> tuple[floa
 
 
 def analyse(runs: pathlib.Path = m.RUNS) -> dict:
-    from andrea_jax.repro import stats
-    rows = []
-    for arm in m.ARMS:
-        for baseline in (PREREGISTERED, *CONTROLS):
-            by_seed = slopes(runs, arm, baseline)
-            kept = [s for s in by_seed.values() if s is not None]
-            t = stats.paired_t(kept) if len(kept) > 1 else {"mean": math.nan, "t_lo": math.nan, "t_hi": math.nan}
-            rows.append({"arm": arm, "baseline": baseline, "n": len(kept), "lost": len(by_seed) - len(kept),
-                         "mean": t["mean"], "t_lo": t["t_lo"], "t_hi": t["t_hi"],
-                         "p": stats.sign_flip_p(kept)["p"] if kept else math.nan})
+    rows = [{"arm": arm, "baseline": baseline, **m.slope_row(slopes(runs, arm, baseline))}
+            for arm in m.ARMS for baseline in (PREREGISTERED, *CONTROLS)]
     return {"rows": rows, "spread": {b: spread_at(runs, b) for b in (PREREGISTERED, *CONTROLS)}}
 
 
