@@ -10,9 +10,10 @@ crossing width with its bootstrap interval, and each part's machine time.
 
 A seed whose runs of one slope did not all finish is left out of that slope and counted as lost.
 
-`--width64 corpus2` is not pre-registered: it takes width 64's runs from mw_w64_corpus2.py, which
-trains them again on the corpus the widths 128 and 192 train on (docs/m/LOG.md says why), so that
-the width slopes can be read with every width on one corpus.
+`--width64 corpus2` is exploratory, outside M.md (docs/preregistered/M_exploratory.md): it takes
+width 64's runs from mw_w64_corpus2.py, which trains them again on the corpus the widths 128 and 192
+train on (docs/m/LOG.md, sitting 20, says why), so that the width slopes can be read with every width
+on one corpus.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Experiment M's exploratory horizon control (scripts/sweeps/mh_control.py; designed in docs/m/LOG.md,
-sitting 20): the slope in ln(t - 480) of each ProRes arm's gap, over (i)'s evaluations from t = 1000 to
-8000, against each baseline that does not stall, beside the pre-registered slope against `none` at
-its L LR. Also each baseline's spread across seeds at t = 2000. Exploratory: no Holm, no verdict;
-the mean, the paired-t 95% interval and the exact sign-flip p of each.
+"""Experiment M's exploratory horizon control (scripts/sweeps/mh_control.py; written down before its
+runs in docs/preregistered/M_exploratory.md): the slope in ln(t - 480) of each ProRes arm's gap, over
+(i)'s evaluations from t = 1000 to 8000, against each baseline that does not stall, beside the
+pre-registered slope against `none` at its L LR. Also each baseline's spread across seeds at
+t = 2000. Exploratory: no Holm, no verdict; the mean, the paired-t 95% interval and the exact
+sign-flip p of each.
 
     python scripts/sweeps/_m_control.py      # markdown on standard output
 """

@@ -1,5 +1,5 @@
-"""Experiment M, an exploratory control of part (i), designed after (i) was read and before any of
-its runs (docs/m/LOG.md, sitting 20). Is the ramp's horizon slope away from the paper because `none`
+"""Experiment M, an exploratory control of part (i), decided after (i) was read, written down before any of
+its runs (docs/preregistered/M_exploratory.md). Is the ramp's horizon slope away from the paper because `none`
 at its L LR (2e-3) starts slowly on half its seeds? Two baselines that do not stall, 8000 steps on
 (i)'s seeds 200-207, paired with (i)'s 8000-step `linear` and `ramp` runs by seed: `none` at 1e-3
 (where L's exploratory control found `none` as tight as `linear`), and L's best global LR warmup

@@ -1,4 +1,4 @@
-"""Experiment M (ii), a check outside the pre-registration (docs/m/LOG.md, sitting 20): width 64's
+"""Experiment M (ii), an exploratory check outside M.md (docs/preregistered/M_exploratory.md): width 64's
 2000-step runs of mh_horizon.py trained again, the same arms, LRs and seeds 200-207, on the corpus
 that widths 128 and 192 train on. The pre-registered width slopes take width 64 from (i)'s runs;
 `_m_analysis.py --width64 corpus2` reads them with these instead, every width on one corpus:
