@@ -186,6 +186,24 @@ def test_the_chunked_program_never_holds_the_whole_logits_or_their_gradient():
     assert chunked == []
 
 
+def test_the_train_and_eval_steps_with_chunks_never_hold_the_whole_logits():
+    batch = packed_batch()
+    rows = batch.shape[0] * (batch.shape[1] - 1)
+
+    def logit_sized(chunks):
+        cfg = train_cfg(chunks)
+        mesh = steps.make_mesh(cfg)
+        state = steps.create_state(cfg, jax.random.key(0), mesh)
+        train = float32_logit_sized(steps.make_train_step(cfg, mesh, eot_id=EOT), state, batch, rows=rows // 4 + 1)
+        evaluate = float32_logit_sized(steps.make_eval_step(cfg, mesh, eot_id=EOT), state.params, np.int32(0),
+                                       batch, np.ones(V, np.int32), rows=rows // 4 + 1)
+        return train, evaluate
+
+    plain_train, plain_eval = logit_sized(0)
+    assert (2, 16, P) in plain_train and (2, 16, P) in plain_eval
+    assert logit_sized(4) == ([], [])
+
+
 def test_a_chunk_count_that_does_not_divide_the_positions_is_refused_naming_the_setting():
     with pytest.raises(ConfigError, match=r"^model.loss_chunks: must be 0 \(off\) or divide model.seq_len=16, got 5$"):
         config_lib.validate(dataclasses.replace(train_cfg(0), model=model_cfg("gpt2", 5)))

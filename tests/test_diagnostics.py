@@ -204,6 +204,21 @@ def test_knockout_sets_one_block_s_alpha_to_zero_at_a_time():
         np.testing.assert_allclose(knockout(chunk), losses, rtol=2e-6, err_msg=f"knockout_chunk={chunk}")
 
 
+def test_knockout_chunks_bound_the_memory_of_the_pass():
+    from andrea_jax.config import Config, ProResConfig
+    cfg = Config(model=SMALL, prores=ProResConfig(schedule="linear", warmup=10))
+    params = model_lib.init(SMALL, jax.random.key(0))["params"]
+    tokens = jnp.zeros((2, 17), jnp.int32)
+
+    def temp_bytes(chunk):
+        chunked = dataclasses.replace(cfg, diagnostics=dataclasses.replace(cfg.diagnostics, knockout_chunk=chunk))
+        step = steps.make_knockout_step(chunked, steps.make_mesh(chunked))
+        return step.lower(params, jnp.int32(5), tokens).compile().memory_analysis().temp_size_in_bytes
+
+    # One mask at a time holds one forward's activations, two hold about twice, all L (0) the most.
+    assert temp_bytes(1) < temp_bytes(2) < temp_bytes(0), [temp_bytes(c) for c in (1, 2, 0)]
+
+
 # The trainer's knockout (a vmapped pass over all masks, minus the evaluation's val_loss) against
 # each block's alpha set to 0 in the plain forward, both on the checkpointed parameters: other
 # executables, measured equal natively with the jitted loss_fn; with the loss run op by op, 2.9e-6 apart

@@ -205,3 +205,11 @@ def test_bf16_gradients_are_close_to_float32_gradients():
     # measured 9.0e-3 over all parameters together (cosine 0.99996)
     assert np.linalg.norm(v16 - v32) / np.linalg.norm(v32) < 2e-2
     assert np.linalg.norm(v16 - v32) / np.linalg.norm(v32) > 1e-3  # bf16 is really used
+
+
+def test_the_loss_and_z_loss_of_bf16_logits_are_computed_in_float32():
+    logits_bf16 = (4.0 * jax.random.normal(jax.random.key(5), (2, 8, 300))).astype(jnp.bfloat16)
+    targets = jax.random.randint(jax.random.key(6), (2, 8), 0, 300)
+    logits_f32 = logits_bf16.astype(jnp.float32)  # the same values, exactly
+    assert float(steps.cross_entropy(logits_bf16, targets)) == float(steps.cross_entropy(logits_f32, targets))
+    assert float(steps.z_loss_term(logits_bf16, 1e-4)) == float(steps.z_loss_term(logits_f32, 1e-4))
