@@ -176,3 +176,29 @@ def test_the_files_of_a_relative_path_are_named_absolutely(tmp_path, monkeypatch
     assert documents.find_files("corpus") == expected
     assert documents.find_files("corpus/**/*.txt") == expected[1:]
     assert documents.find_files("corpus/a.jsonl") == expected[:1]
+
+
+def test_read_text_refuses_a_missing_or_blank_file(tmp_path):
+    with pytest.raises(DataError, match=rf"^corpus file {tmp_path}/nowhere.txt does not exist$"):
+        pipeline.read_text(tmp_path / "nowhere.txt")
+    (tmp_path / "blank.txt").write_text(" \n\t\n")
+    with pytest.raises(DataError, match=rf"^corpus file {tmp_path}/blank.txt is empty$"):
+        pipeline.read_text(tmp_path / "blank.txt")
+    (tmp_path / "bad.txt").write_bytes(b"ok \xff")
+    assert pipeline.read_text(tmp_path / "bad.txt") == "ok \ufffd"
+
+
+def test_a_missing_tokenizer_or_one_of_another_size_is_one_line(tmp_path, tok_path):
+    (tmp_path / "a.txt").write_text(SHAKESPEARE[:20_000])
+    fails(tmp_path, tmp_path / "none.json", tmp_path / "a.txt", rf"^data.tokenizer {tmp_path}/none.json: no such file$")
+    cfg = config_lib.DataConfig(source="files", path=str(tmp_path / "a.txt"), tokenizer=str(tok_path))
+    with pytest.raises(DataError, match=r"^tokenizer has 300 tokens but model.vocab_size is 301$"):
+        pipeline.tokenized_corpus(cfg, vocab_size=301, seq_len=8, cache_dir=tmp_path / "cache")
+
+
+def test_each_part_needs_one_whole_window(tmp_path, tok_path):
+    (tmp_path / "a.txt").write_text(SHAKESPEARE[:20_000])
+    n_val = len(prepare(tmp_path, tok_path, tmp_path / "a.txt").val_tokens)
+    assert len(prepare(tmp_path, tok_path, tmp_path / "a.txt", seq_len=n_val - 1).val_tokens) == n_val
+    fails(tmp_path, tok_path, tmp_path / "a.txt", rf"^the validation part \(data.val_fraction=0.05\) of corpus .* has "
+          rf"{n_val} tokens, fewer than one window of model.seq_len \+ 1 = {n_val + 1}$", seq_len=n_val)

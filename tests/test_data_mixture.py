@@ -196,3 +196,60 @@ def test_sources_are_named_by_their_folder_and_shuffled_apart():
     with pytest.raises(DataError, match=r"^data.mixture source tiny: its training part has 4 tokens, fewer than one "
                                         r"window of model.seq_len \+ 1 = 5$"):
         mixture.train_dataset(short, seq_len=4, global_batch=2, seed=0)
+
+
+def test_the_corpus_counts_every_source_and_validates_on_the_first(datasets, tmp_path):
+    cfg = make_cfg(datasets)
+    corpus = pipeline.tokenized_corpus(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=SEQ_LEN,
+                                       cache_dir=tmp_path / "cache")
+    n_train = sum(size - int(size * 0.1) for size in SIZES)
+    assert corpus.n_train == n_train == 3603
+    assert corpus.train_size == "3,603 training tokens of 3 mixed datasets"
+    assert pipeline.fingerprint(cfg, corpus)["n_tokens"] == n_train
+    np.testing.assert_array_equal(corpus.val_tokens, np.arange(2001 - 200, 2001))   # the first's tail
+
+
+def test_only_the_first_source_needs_a_validation_window(datasets, tmp_path):
+    folders, vocab = datasets
+    data = lambda order: make_cfg(([folders[i] for i in order], vocab), weights=(1.0, 1.0, 1.0)).data
+    # Held out: 200, 120 and 80 tokens. A window of 101 fits the first's alone.
+    corpus = pipeline.tokenized_corpus(data((0, 1, 2)), vocab_size=vocab, seq_len=100, cache_dir=tmp_path / "c")
+    assert len(corpus.val_tokens) == 200
+    with pytest.raises(DataError, match=rf"^data.mixture entry {folders[2]}: 801 tokens are too few for one window "
+                                        rf"of model.seq_len \+ 1 = 101 in its training and validation parts$"):
+        pipeline.tokenized_corpus(data((2, 0, 1)), vocab_size=vocab, seq_len=100, cache_dir=tmp_path / "c")
+
+
+def test_a_prepared_dataset_is_keyed_by_its_source_and_tokenizer_and_checked_against_the_model(datasets, tmp_path):
+    import json
+    import shutil
+    folders, vocab = datasets
+    folder = tmp_path / "copy"
+    shutil.copytree(folders[0], folder)
+    data = lambda **kw: config_lib.DataConfig(source="prepared", path=str(folder), **kw)
+    tok_hash = json.loads((folder / "manifest.json").read_text())["tokenizer"]
+    open_ = lambda v=vocab, **kw: pipeline.tokenized_corpus(data(**kw), vocab_size=v, seq_len=SEQ_LEN,
+                                                            cache_dir=tmp_path / "cache")
+    assert open_().key == f"prepared:copy:{tok_hash}"   # a manifest without a source key: the folder's name
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps(manifest | {"source_key": "files:abc"}))
+    assert open_().key == f"prepared:files:abc:{tok_hash}"
+    with pytest.raises(DataError, match=rf"^tokenizer {folder}/tokenizer.json has {vocab} tokens but "
+                                        rf"model.vocab_size is {vocab + 1}$"):
+        open_(vocab + 1)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(DataError, match=rf"^tokenizer {folder}/tokenizer.json of prepared dataset {folder} "
+                                        rf"does not exist$"):
+        open_()
+    assert open_(tokenizer=str(folders[0] / "tokenizer.json")).key == f"prepared:files:abc:{tok_hash}"
+
+
+def test_each_process_reads_its_rows_of_the_validation_batches(datasets, tmp_path):
+    cfg = make_cfg(datasets)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_batches=3))
+    whole = build(cfg, tmp_path)[2]
+    halves = [build(cfg, tmp_path, process_index=p, process_count=2)[2] for p in range(2)]
+    assert len(whole) == 3 and [len(h) for h in halves] == [3, 3]
+    for i, batch in enumerate(whole):
+        assert [len(h[i]) for h in halves] == [BATCH // 2] * 2
+        np.testing.assert_array_equal(np.concatenate([h[i] for h in halves]), batch)

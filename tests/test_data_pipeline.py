@@ -196,3 +196,49 @@ def test_training_from_a_local_folder_through_train_py(tmp_path, cache, capsys):
     corpus, resumed, _ = pipeline.build(cfg)
     pipeline.set_state(resumed, cfg, corpus, state)
     np.testing.assert_array_equal(next(resumed), next(fresh))
+
+
+def test_a_trained_tokenizer_is_named_by_its_split_vocabulary_and_sample(tmp_path, cache, monkeypatch):
+    from andrea_jax.data import sampling
+    write_nested_corpus(tmp_path / "corpus")
+    asked = []
+    sample = sampling.sample_texts
+    monkeypatch.setattr(sampling, "sample_texts", lambda records, max_chars, seed=0: (
+        asked.append(max_chars), sample(records, max_chars, seed))[1])
+    pipeline.tokenized_corpus(files_cfg(tmp_path / "corpus"), vocab_size=300, seq_len=8, cache_dir=cache)
+    pipeline.tokenized_corpus(files_cfg(tmp_path / "corpus", tokenizer_sample_mb=1), vocab_size=300, seq_len=8,
+                              cache_dir=cache)
+    assert asked == [64 << 20, 1 << 20]
+    (dataset,) = cache.glob("tfds/andrea_text_files/*/1.0.0")
+    assert sorted(p.name for p in dataset.glob("tokenizer-*.json")) == ["tokenizer-train-v300-s1mb.json",
+                                                                        "tokenizer-train-v300.json"]
+
+
+def test_the_token_cache_moves_into_the_cache_folder_when_the_dataset_is_read_only(tmp_path, cache, tok_path,
+                                                                                    monkeypatch):
+    import hashlib
+    import os
+    write_nested_corpus(tmp_path / "corpus")
+    cfg = files_cfg(tmp_path / "corpus", tokenizer=str(tok_path))
+    writable = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
+    (dataset,) = cache.glob("tfds/andrea_text_files/*/1.0.0")
+    monkeypatch.setattr(pipeline.os, "access", lambda path, mode: not (mode == os.W_OK and path == dataset))
+    read_only = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
+    beside = cache / "tokens" / hashlib.sha256(str(dataset).encode()).hexdigest()[:16]
+    assert len(list(beside.glob("tokens-train-*/manifest.json"))) == 1
+    np.testing.assert_array_equal(read_only.train_tokens, writable.train_tokens)
+
+
+def test_the_corpus_key_names_the_split_but_not_the_folder(tmp_path, tok_path):
+    # One data_dir, and a copy of it moved elsewhere.
+    for where in ("a", "moved"):
+        AndreaTestDocs(data_dir=str(tmp_path / where / "tfds"), file_format="array_record").download_and_prepare()
+    open_ = lambda where, split: pipeline.tokenized_corpus(
+        config_lib.DataConfig(source="tfds", tfds_name="andrea_test_docs", tfds_split=split, tfds_val_split="",
+                              data_dir=str(tmp_path / where / "tfds"), tokenizer=str(tok_path)),
+        vocab_size=300, seq_len=16, cache_dir=tmp_path / "cache")
+    train_a, test_a, train_b = open_("a", "train"), open_("a", "test"), open_("moved", "train")
+    assert train_a.key == train_b.key != test_a.key
+    tok = tok_lib.load(tok_path)
+    test_split = np.concatenate([tok_lib.encode(tok, SHAKESPEARE[i * 500:(i + 1) * 500]) + [0] for i in range(40, 50)])
+    np.testing.assert_array_equal(np.concatenate([test_a.train_tokens, test_a.val_tokens]), test_split)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from andrea_jax import config as config_lib, configs, ramps
-from andrea_jax.data import loader
-from andrea_jax.errors import ConfigError
+from andrea_jax.data import loader, pipeline
+from andrea_jax.errors import ConfigError, DataError
 from andrea_jax.model import prores
 from andrea_jax.train import budget, hooks, loop as trainer, optim, population, steps
 from andrea_jax.workdir import Workdir
@@ -145,12 +145,11 @@ def stream_of_windows(tokens, seq_len, seed, n_windows):
 def test_the_loader_serves_the_changing_shapes_without_skipping_or_repeating_a_token(process_count):
     cfg = toy(*RAMP, "train.steps=10")
     tokens = np.arange(16 * 40 + 1, dtype=np.int32)   # every token its own id: 40 windows of 16 + 1
-    stage = lambda step: (*ramps.shape_at(cfg, step), ramps.tokens_at(cfg, step) // 16)
-    shares = [loader.staged_dataset(tokens, seq_len=16, full_batch=4, seed=3, stage=stage, process_index=p,
-                                    process_count=process_count) for p in range(process_count)]
+    corpus = pipeline.TokenizedCorpus(None, tokens, tokens[:17], "toy")
+    shares = [pipeline.train_dataset(cfg, corpus, p, process_count) for p in range(process_count)]
     served = [np.concatenate([share[step] for share in shares]) for step in range(10)]
     assert [b.shape for b in served] == [(2, 9)] * 4 + [(4, 9)] * 2 + [(4, 17)] * 4
-    windows = stream_of_windows(tokens, 16, 3, ramps.tokens_at(cfg, 10) // 16)   # [W, 17]
+    windows = stream_of_windows(tokens, 16, cfg.train.order_seed, ramps.tokens_at(cfg, 10) // 16)   # [W, 17]
     inputs = np.concatenate([b[:, :-1].ravel() for b in served])
     targets = np.concatenate([b[:, 1:].ravel() for b in served])
     np.testing.assert_array_equal(inputs, windows[:, :-1].ravel())
@@ -228,3 +227,17 @@ def test_a_ramped_run_compiles_once_per_listed_shape_and_resumes_exactly_mid_ram
     np.testing.assert_array_equal(np.load(tmp_path / "run" / "step_losses.npy"),
                                   np.load(tmp_path / "straight" / "step_losses.npy"))
     assert 0 < straight[3]["lr"] and straight[0]["lr"] < straight[3]["lr"]  # the LR warmup spans the ramp
+
+
+def test_a_data_state_continues_only_under_the_same_ramps():
+    tokens = np.arange(16 * 40 + 1, dtype=np.int32)
+    corpus = pipeline.TokenizedCorpus(None, tokens, tokens[:17], "toy")
+    ramped, other, plain = toy(*RAMP), toy("train.batch_ramp=2@32", "model.seq_len_ramp=8@128"), toy()
+    assert pipeline.fingerprint(ramped, corpus)["ramps"] == ["2@64", "8@128"]
+    assert "ramps" not in pipeline.fingerprint(plain, corpus)
+    batches = loader.train_iterator(pipeline.train_dataset(ramped, corpus, 0, 1))
+    saved = pipeline.get_state(batches, ramped, corpus)
+    with pytest.raises(DataError, match=r"^the data state of X belongs to other data or batching \(ramps: saved "
+                                        r"\['2@64', '8@128'\], now \['2@32', '8@128'\]\)"):
+        pipeline.set_state(loader.train_iterator(pipeline.train_dataset(other, corpus, 0, 1)), other, corpus, saved,
+                           where="the data state of X")

@@ -170,7 +170,8 @@ def tokenized_corpus(data_cfg, *, vocab_size: int, seq_len: int, cache_dir=None)
                 val_tokens = token_cache.load_or_tokenize(source.val, tok, beside, data_cfg.tfds_val_split,
                                                           source.name)
         name = source.name
-        # Location-free: the same data restores from another data_dir; n_tokens (in the fingerprint) adds the rest.
+        # Location-free: the same data restores from its data_dir moved elsewhere; n_tokens (in the fingerprint)
+        # adds the rest.
         key = f"{'/'.join(source.dataset_dir.parts[-3:])}:{split}:{token_cache.tokenizer_hash(tok)}"
     if val_tokens is not None:
         train_tokens = tokens
