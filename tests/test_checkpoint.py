@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import train
-from andrea_jax import config as config_lib, configs
+from andrea_jax import checkpoint, config as config_lib, configs
 from andrea_jax.errors import ResumeError
 from andrea_jax.train import loop as trainer
 from andrea_jax.workdir import Workdir
@@ -161,7 +161,8 @@ def test_a_checkpoint_missing_step_losses_is_passed_over(tmp_path, settings, cap
 
     assert cli(tmp_path, settings) == 0
     err = capsys.readouterr().err
-    assert "it holds 5 step losses, not 6" in err and f"resuming from {tmp_path / 'checkpoints' / '3'}" in err
+    assert f"warning: {tmp_path / 'checkpoints' / '6'} (ValueError: it holds 5 step losses, not 6): cannot be " \
+           f"restored, left in place; resuming from {tmp_path / 'checkpoints' / '3'}\n" in err
     assert losses(tmp_path) == straight
 
 
@@ -267,3 +268,9 @@ def test_each_setting_is_refused_confirmable_or_free_on_resume_as_documented(tmp
 def test_checkpoint_settings_are_validated(bad, tmp_path, capsys):
     assert train.main(["--config", "tiny", "--workdir", str(tmp_path), "--set", bad]) == 2
     assert bad.split("=")[0] in capsys.readouterr().err
+
+
+def test_the_reason_a_checkpoint_is_unreadable_is_one_line_naming_the_error():
+    assert checkpoint._reason(OSError("read failed:\n  shard 3\n\tof 8")) == "OSError: read failed: shard 3 of 8"
+    assert checkpoint._reason(KeyError()) == "KeyError"
+    assert checkpoint._reason(ValueError("x" * 1000)) == "ValueError: " + "x" * 300
