@@ -82,6 +82,22 @@ def test_a_run_starts_from_the_folder_at_step_0_with_a_fresh_optimizer(folder, t
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), want)
 
 
+
+def test_a_resumed_run_continues_from_its_checkpoint_without_reading_the_folder(folder, tmp_path, tok_path):
+    import shutil
+    family, path, _ = folder
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    cfg = lambda steps: config_lib.validate(config_lib.override(configs.load("tiny"), [
+        f"model.family={family}", f"model.vocab_size={V}", f"model.seq_len={S}", f"model.d_model={D}",
+        f"model.n_layer={L}", f"model.n_head={H}", f"train.steps={steps}", "train.batch_size=4",
+        "train.eval_every=0", "train.sample_tokens=0", "train.checkpoint_every=1", f"train.init_from={copy}",
+        f"data.tokenizer={tok_path}", "diagnostics.tensorboard=false"]))
+    trainer.train(cfg(1), tmp_path / "run", show_progress=False)
+    shutil.rmtree(copy)   # a resume reads its checkpoint alone
+    lines = trainer.train(cfg(2), tmp_path / "run", show_progress=False, allow_schedule_change=True)
+    assert [l["step"] for l in lines] == [2]
+
 def test_a_folder_that_does_not_fit_is_one_line_naming_it(folder, tmp_path):
     family, path, _ = folder
     wide = Config(model=dataclasses.replace(OURS[family], d_model=64))
