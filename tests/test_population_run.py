@@ -134,3 +134,13 @@ def test_a_population_resumes_at_the_newest_step_every_member_holds(straight, tm
         for x, y in zip(jax.tree.leaves(final_params(tmp_path / "population" / name)),
                         jax.tree.leaves(final_params(workdir / name))):
             np.testing.assert_array_equal(x, y)
+
+
+def test_a_member_resumed_under_other_settings_is_refused_naming_them(straight, tmp_path):
+    from andrea_jax.errors import ResumeError
+    workdir, cfgs, _ = straight
+    shutil.copytree(workdir, tmp_path / "population")
+    changed = [(name, config_lib.override(cfg, ["train.seed=5"]) if name == "b" else cfg) for name, cfg in cfgs]
+    with pytest.raises(ResumeError, match=r"train.seed \(saved 1, now 5\)"):
+        population_loop.train(changed, tmp_path / "population", show_progress=False)
+    assert [UNTIMED(l) for l in lines(tmp_path / "population" / "b")] == [UNTIMED(l) for l in lines(workdir / "b")]
