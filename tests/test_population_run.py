@@ -144,3 +144,29 @@ def test_a_member_resumed_under_other_settings_is_refused_naming_them(straight, 
     with pytest.raises(ResumeError, match=r"train.seed \(saved 1, now 5\)"):
         population_loop.train(changed, tmp_path / "population", show_progress=False)
     assert [UNTIMED(l) for l in lines(tmp_path / "population" / "b")] == [UNTIMED(l) for l in lines(workdir / "b")]
+
+
+def test_a_common_step_one_member_cannot_read_falls_back_to_the_previous_one(straight, tmp_path, capsys):
+    workdir, cfgs, _ = straight
+    shutil.copytree(workdir, tmp_path / "population")
+    state = tmp_path / "population" / "a" / "checkpoints" / str(STEPS) / "state"
+    for f in [f for f in state.rglob("*") if f.is_file() and f.parent.name == "d"]:
+        f.write_bytes(b"not a checkpoint")
+    population_loop.train(cfgs, tmp_path / "population", show_progress=False)
+    out, err = capsys.readouterr()
+    assert "trying the members' previous common step" in err and "resumed at step 4" in out
+    for name, _ in cfgs:
+        assert [UNTIMED(l) for l in lines(tmp_path / "population" / name)] == \
+            [UNTIMED(l) for l in lines(workdir / name)], name
+
+
+def test_a_member_whose_step_stopped_short_of_the_checkpoint_is_restored_frozen(straight):
+    from andrea_jax.train import population, steps
+    _, cfgs, _ = straight
+    cfgs = [cfg for _, cfg in cfgs]
+    mesh = steps.make_mesh(cfgs[0])
+    solo = [steps.create_state(cfg, jax.random.key(0), mesh).replace(step=jax.numpy.int32(s))
+            for cfg, s in zip(cfgs, (4, 4, 1))]
+    stacked = population_loop._stacked(cfgs[0], mesh, population.create_states(cfgs, mesh).settings, solo, 4)
+    assert np.asarray(stacked.frozen).tolist() == [False, False, True]
+    assert np.asarray(stacked.step).tolist() == [4, 4, 1]
