@@ -1,7 +1,7 @@
 """Helpers several test modules share: a model's parameters moved off their init, its logits from a
 plain forward pass and from a KV cache filled a token at a time; a project command run in a
-subprocess from the repository root, or started with SIGINT ignored, train.py's command line, and
-waiting for a started process to print something."""
+subprocess from the repository root, or started with SIGINT ignored, train.py's command line,
+waiting for a started process to print something, and a checkpoint's saved state damaged."""
 import functools
 import pathlib
 import subprocess
@@ -76,3 +76,13 @@ def wait_for_text(proc, text, timeout=120):
     while text not in pathlib.Path(proc.log).read_text():
         assert time.monotonic() < deadline and proc.poll() is None, pathlib.Path(proc.log).read_text()[-2000:]
         time.sleep(0.01)
+
+
+def damage(step_dir, how):
+    """Overwrites (how="garbage") or cuts to a third ("truncated") every data file of the train state
+    saved in step_dir; returns {file: its new bytes}."""
+    files = [f for f in (step_dir / "state").rglob("*") if f.is_file() and f.parent.name == "d"]
+    assert files
+    for f in files:
+        f.write_bytes(b"not a checkpoint" if how == "garbage" else f.read_bytes()[: len(f.read_bytes()) // 3])
+    return {f: f.read_bytes() for f in files}

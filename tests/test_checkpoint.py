@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import train
+from _helpers import damage
 from andrea_jax import checkpoint, config as config_lib, configs
 from andrea_jax.errors import ResumeError
 from andrea_jax.train import loop as trainer
@@ -107,14 +108,6 @@ def test_a_resume_with_other_microbatches_matches_within_float_rounding(tmp_path
     print(f"microbatches 1 -> 4 on resume: max relative difference {np.nanmax(rel[3:, 1:]):.3g}")
     assert np.nanmax(rel[3:, 1:]) > 0   # another summation order really ran
     np.testing.assert_allclose(b[3:, 1:], a[3:, 1:], rtol=MICROBATCH_RTOL)
-
-
-def damage(step_dir, how):
-    files = [f for f in (step_dir / "state").rglob("*") if f.is_file() and f.parent.name == "d"]
-    assert files
-    for f in files:
-        f.write_bytes(b"not a checkpoint" if how == "garbage" else f.read_bytes()[: len(f.read_bytes()) // 3])
-    return {f: f.read_bytes() for f in files}
 
 
 def test_unreadable_checkpoint_is_passed_over_and_kept(tmp_path, settings, capsys):

@@ -5,6 +5,8 @@ Each tiny dataset's tokens are SOURCE * 10000 + position, so every row of a batc
 dataset it came from, and where.
 """
 import dataclasses
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -221,8 +223,6 @@ def test_only_the_first_source_needs_a_validation_window(datasets, tmp_path):
 
 
 def test_a_prepared_dataset_is_keyed_by_its_source_and_tokenizer_and_checked_against_the_model(datasets, tmp_path):
-    import json
-    import shutil
     folders, vocab = datasets
     folder = tmp_path / "copy"
     shutil.copytree(folders[0], folder)

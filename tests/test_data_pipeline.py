@@ -1,6 +1,8 @@
 """The data path from files to packed tokens: the TFDS builder, pretokenization and its cache,
 the TFDS source, and training from a local folder through train.py."""
+import hashlib
 import json
+import os
 import sys
 import tempfile
 
@@ -13,7 +15,7 @@ import train as train_cli
 from _corpus import SHAKESPEARE, write_nested_corpus
 from andrea_jax import checkpoint
 from andrea_jax import config as config_lib, configs
-from andrea_jax.data import loader, pipeline, token_cache, token_shards, tokenizer as tok_lib
+from andrea_jax.data import loader, pipeline, sampling, token_cache, token_shards, tokenizer as tok_lib
 
 
 @pytest.fixture
@@ -151,6 +153,11 @@ class AndreaTestDocs(tfds.core.GeneratorBasedBuilder):
             yield i, {"text": SHAKESPEARE[i * 500:(i + 1) * 500], "label": i}
 
 
+def docs_tokens(tok, lo, hi):
+    """AndreaTestDocs' documents lo..hi-1 tokenized, each followed by end-of-text."""
+    return np.concatenate([tok_lib.encode(tok, SHAKESPEARE[i * 500:(i + 1) * 500]) + [0] for i in range(lo, hi)])
+
+
 def test_tfds_source_reads_the_train_and_validation_splits(tmp_path, cache, tok_path):
     AndreaTestDocs(data_dir=str(tmp_path / "tfds"), file_format="array_record").download_and_prepare()
     cfg = config_lib.DataConfig(source="tfds", tfds_name="andrea_test_docs", tfds_split="train",
@@ -159,11 +166,8 @@ def test_tfds_source_reads_the_train_and_validation_splits(tmp_path, cache, tok_
     corpus = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=16, cache_dir=cache)
     tok = tok_lib.load(tok_path)
 
-    def reference(lo, hi):
-        return np.concatenate([tok_lib.encode(tok, SHAKESPEARE[i * 500:(i + 1) * 500]) + [0] for i in range(lo, hi)])
-
-    np.testing.assert_array_equal(corpus.train_tokens, reference(0, 40))
-    np.testing.assert_array_equal(corpus.val_tokens, reference(40, 50))
+    np.testing.assert_array_equal(corpus.train_tokens, docs_tokens(tok, 0, 40))
+    np.testing.assert_array_equal(corpus.val_tokens, docs_tokens(tok, 40, 50))
     # The caches sit beside the prepared dataset.
     assert len(list((tmp_path / "tfds" / "andrea_test_docs" / "1.0.0").glob("tokens-*/manifest.json"))) == 2
 
@@ -199,7 +203,6 @@ def test_training_from_a_local_folder_through_train_py(tmp_path, cache, capsys):
 
 
 def test_a_trained_tokenizer_is_named_by_its_split_vocabulary_and_sample(tmp_path, cache, monkeypatch):
-    from andrea_jax.data import sampling
     write_nested_corpus(tmp_path / "corpus")
     asked = []
     sample = sampling.sample_texts
@@ -216,8 +219,6 @@ def test_a_trained_tokenizer_is_named_by_its_split_vocabulary_and_sample(tmp_pat
 
 def test_the_token_cache_moves_into_the_cache_folder_when_the_dataset_is_read_only(tmp_path, cache, tok_path,
                                                                                     monkeypatch):
-    import hashlib
-    import os
     write_nested_corpus(tmp_path / "corpus")
     cfg = files_cfg(tmp_path / "corpus", tokenizer=str(tok_path))
     writable = pipeline.tokenized_corpus(cfg, vocab_size=300, seq_len=8, cache_dir=cache)
@@ -240,5 +241,4 @@ def test_the_corpus_key_names_the_split_but_not_the_folder(tmp_path, tok_path):
     train_a, test_a, train_b = open_("a", "train"), open_("a", "test"), open_("moved", "train")
     assert train_a.key == train_b.key != test_a.key
     tok = tok_lib.load(tok_path)
-    test_split = np.concatenate([tok_lib.encode(tok, SHAKESPEARE[i * 500:(i + 1) * 500]) + [0] for i in range(40, 50)])
-    np.testing.assert_array_equal(np.concatenate([test_a.train_tokens, test_a.val_tokens]), test_split)
+    np.testing.assert_array_equal(np.concatenate([test_a.train_tokens, test_a.val_tokens]), docs_tokens(tok, 40, 50))

@@ -4,6 +4,7 @@ run starts from those weights at step 0 with a fresh optimizer; a folder that do
 line naming what does not."""
 import dataclasses
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -82,9 +83,7 @@ def test_a_run_starts_from_the_folder_at_step_0_with_a_fresh_optimizer(folder, t
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), want)
 
 
-
 def test_a_resumed_run_continues_from_its_checkpoint_without_reading_the_folder(folder, tmp_path, tok_path):
-    import shutil
     family, path, _ = folder
     copy = tmp_path / "copy"
     shutil.copytree(path, copy)
@@ -97,6 +96,7 @@ def test_a_resumed_run_continues_from_its_checkpoint_without_reading_the_folder(
     shutil.rmtree(copy)   # a resume reads its checkpoint alone
     lines = trainer.train(cfg(2), tmp_path / "run", show_progress=False, allow_schedule_change=True)
     assert [l["step"] for l in lines] == [2]
+
 
 def test_a_folder_that_does_not_fit_is_one_line_naming_it(folder, tmp_path):
     family, path, _ = folder

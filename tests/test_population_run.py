@@ -10,10 +10,12 @@ import jax
 import numpy as np
 import pytest
 
+from _helpers import damage
 from andrea_jax import config as config_lib, configs
+from andrea_jax.errors import ResumeError
 from andrea_jax.repro import runner
 from andrea_jax.serve import load
-from andrea_jax.train import hooks, loop, population_loop, preemption
+from andrea_jax.train import hooks, loop, population, population_loop, preemption, steps
 from andrea_jax.workdir import Workdir
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e39: float32's inf
@@ -137,7 +139,6 @@ def test_a_population_resumes_at_the_newest_step_every_member_holds(straight, tm
 
 
 def test_a_member_resumed_under_other_settings_is_refused_naming_them(straight, tmp_path):
-    from andrea_jax.errors import ResumeError
     workdir, cfgs, _ = straight
     shutil.copytree(workdir, tmp_path / "population")
     changed = [(name, config_lib.override(cfg, ["train.seed=5"]) if name == "b" else cfg) for name, cfg in cfgs]
@@ -149,9 +150,7 @@ def test_a_member_resumed_under_other_settings_is_refused_naming_them(straight, 
 def test_a_common_step_one_member_cannot_read_falls_back_to_the_previous_one(straight, tmp_path, capsys):
     workdir, cfgs, _ = straight
     shutil.copytree(workdir, tmp_path / "population")
-    state = tmp_path / "population" / "a" / "checkpoints" / str(STEPS) / "state"
-    for f in [f for f in state.rglob("*") if f.is_file() and f.parent.name == "d"]:
-        f.write_bytes(b"not a checkpoint")
+    damage(tmp_path / "population" / "a" / "checkpoints" / str(STEPS), "garbage")
     population_loop.train(cfgs, tmp_path / "population", show_progress=False)
     out, err = capsys.readouterr()
     assert "trying the members' previous common step" in err and "resumed at step 4" in out
@@ -161,7 +160,6 @@ def test_a_common_step_one_member_cannot_read_falls_back_to_the_previous_one(str
 
 
 def test_a_member_whose_step_stopped_short_of_the_checkpoint_is_restored_frozen(straight):
-    from andrea_jax.train import population, steps
     _, cfgs, _ = straight
     cfgs = [cfg for _, cfg in cfgs]
     mesh = steps.make_mesh(cfgs[0])

@@ -135,6 +135,12 @@ def test_muon_steps_its_matrices_at_muon_lr_on_the_token_clock():
     np.testing.assert_allclose(vector, [schedule(cfg.optim.lr, ramps.clock(cfg, k)) for k in range(8)], rtol=2e-6)
 
 
+def toy_corpus():
+    """(tokens, a corpus training on them): every token its own id, 40 windows of 16 + 1."""
+    tokens = np.arange(16 * 40 + 1, dtype=np.int32)
+    return tokens, pipeline.TokenizedCorpus(None, tokens, tokens[:17], "toy")
+
+
 def stream_of_windows(tokens, seq_len, seed, n_windows):
     """The flat stream a ramp's steps read: the shuffled windows of the full length, in order."""
     ids = loader.window_stream(loader.num_windows(len(tokens), seq_len), seed)
@@ -144,8 +150,7 @@ def stream_of_windows(tokens, seq_len, seed, n_windows):
 @pytest.mark.parametrize("process_count", [1, 2])
 def test_the_loader_serves_the_changing_shapes_without_skipping_or_repeating_a_token(process_count):
     cfg = toy(*RAMP, "train.steps=10")
-    tokens = np.arange(16 * 40 + 1, dtype=np.int32)   # every token its own id: 40 windows of 16 + 1
-    corpus = pipeline.TokenizedCorpus(None, tokens, tokens[:17], "toy")
+    tokens, corpus = toy_corpus()
     shares = [pipeline.train_dataset(cfg, corpus, p, process_count) for p in range(process_count)]
     served = [np.concatenate([share[step] for share in shares]) for step in range(10)]
     assert [b.shape for b in served] == [(2, 9)] * 4 + [(4, 9)] * 2 + [(4, 17)] * 4
@@ -230,8 +235,7 @@ def test_a_ramped_run_compiles_once_per_listed_shape_and_resumes_exactly_mid_ram
 
 
 def test_a_data_state_continues_only_under_the_same_ramps():
-    tokens = np.arange(16 * 40 + 1, dtype=np.int32)
-    corpus = pipeline.TokenizedCorpus(None, tokens, tokens[:17], "toy")
+    _, corpus = toy_corpus()
     ramped, other, plain = toy(*RAMP), toy("train.batch_ramp=2@32", "model.seq_len_ramp=8@128"), toy()
     assert pipeline.fingerprint(ramped, corpus)["ramps"] == ["2@64", "8@128"]
     assert "ramps" not in pipeline.fingerprint(plain, corpus)
