@@ -2,6 +2,7 @@
 answer is known by hand."""
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -14,6 +15,24 @@ def test_bootstrap_of_two_pairs_is_their_range():
     ci = stats.bootstrap_ci([0.1, 0.3])
     assert ci["n"] == 2 and ci["mean"] == pytest.approx(0.2)
     assert (ci["lo"], ci["hi"]) == (pytest.approx(0.1), pytest.approx(0.3))
+
+
+def test_describe_drops_unfinished_runs_and_reports_the_sample_std():
+    d = stats.describe([4.0, math.nan, None, 5.0, 7.0])
+    assert d == {"n": 3, "mean": pytest.approx(statistics.mean([4.0, 5.0, 7.0])),
+                 "std": pytest.approx(statistics.stdev([4.0, 5.0, 7.0])), "min": 4.0, "max": 7.0}
+    assert stats.describe([3.0])["std"] == 0.0 and stats.describe([math.nan])["n"] == 0
+
+
+@pytest.mark.parametrize("level", [0.5, 0.9])
+def test_bootstrap_interval_is_the_central_level_of_the_resampled_means(level):
+    # Resampled means of 10 spread values are nearly normal with sd = population sd / sqrt(n).
+    d = np.arange(10.0)
+    ci = stats.bootstrap_ci(d, level=level)
+    z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+    expected = 2 * z * d.std() / math.sqrt(len(d))
+    assert (ci["hi"] - ci["lo"]) / expected == pytest.approx(1.0, abs=0.05)
+    assert (ci["lo"] + ci["hi"]) / 2 == pytest.approx(d.mean(), abs=0.05)
 
 
 def test_bootstrap_of_a_constant_shift_contains_it_and_excludes_zero():
@@ -41,6 +60,8 @@ def test_escape_counts_runs_below_the_plateau_minus_the_margin():
     # 5.6 is above 5.5; NaN (diverged) has not escaped.
     assert (e["escaped"], e["runs"], e["threshold"]) == (2, 4, 5.5)
     assert e["rate"] == 0.5
+    # "below" is strict: a loss exactly at the threshold has not escaped.
+    assert stats.escape([5.5, 5.25], plateau=6.0, margin=0.5)["escaped"] == 1
 
 
 def test_unigram_cross_entropy_of_a_uniform_corpus():
@@ -50,6 +71,13 @@ def test_unigram_cross_entropy_of_a_uniform_corpus():
     assert u["train_entropy"] == pytest.approx(math.log(4))
     # Add-one smoothing over 8 ids: q = (25 + 1) / (100 + 8) for each seen token.
     assert u["val_cross_entropy"] == pytest.approx(-math.log(26 / 108))
+
+
+def test_unigram_entropy_of_a_skewed_corpus_by_hand():
+    u = stats.unigram_cross_entropy([0, 0, 1], [2, 0], vocab_size=3)
+    assert u["train_entropy"] == pytest.approx(-(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3)))
+    # Add-one over 3 ids: q = (2+1, 1+1, 0+1) / (3 + 3).
+    assert u["val_cross_entropy"] == pytest.approx(-(math.log(1 / 6) + math.log(3 / 6)) / 2)
 
 
 def test_grad_ratio_is_nan_where_the_last_block_gets_no_gradient():

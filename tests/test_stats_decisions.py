@@ -115,6 +115,9 @@ def test_stratified_sign_flip_weighs_recipes_equally_and_flips_within_them():
     result = stats.stratified_sign_flip({"a": [0.3, 0.3, 0.3], "b": [0.3]})
     # weighted |sums| over 16 flips: 0.3 only when all four signs agree (2 of 16)
     assert (result["mean"], result["p"], result["p_min"]) == (pytest.approx(0.3), 0.125, 0.125)
+    assert result["exact"]
+    # 21 nonzero pairs in all are past exact enumeration, whatever the strata.
+    assert not stats.stratified_sign_flip({"a": [0.1] * 11, "b": [0.2] * 10})["exact"]
     # unstratified pooling of the same pairs would weigh a 3:1 and give another statistic
     assert stats.stratified_sign_flip({"a": [0.3, 0.3, 0.3], "b": [-0.3]})["mean"] != pytest.approx(
         np.mean([0.3, 0.3, 0.3, -0.3]))

@@ -60,6 +60,8 @@ def test_direction_is_unresolved_when_the_t_interval_straddles_zero_though_the_b
     assert 0 < ci["lo"] and 0 < ci["hi"]          # all three pairs positive: bootstrap [min..max] > 0
     assert ci["t_lo"] < 0 < ci["t_hi"]
     assert stats.direction(ci) == "unresolved"
+    # An interval that only touches 0 does not exclude it.
+    assert stats.direction(stats.compare([0.0, 0.0, 0.0])) == "unresolved"
     assert tables._holds_lower({**ci, "mean": -ci["mean"], "lo": -ci["hi"], "hi": -ci["lo"],
                                 "t_lo": -ci["t_hi"], "t_hi": -ci["t_lo"]}).startswith("same sign, not resolved")
 
