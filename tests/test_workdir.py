@@ -1,11 +1,13 @@
 """A run's folder (andrea_jax.workdir): the lock admits one run at a time and names its holder, is
-free again when its holder lets go, and a workdir that cannot be a folder is one line."""
+free again when its holder lets go, a workdir that cannot be a folder is one line, and a saved config that
+cannot be read is named."""
 import os
 
 import pytest
 
 from andrea_jax import workdir
-from andrea_jax.errors import WorkdirBusy, WorkdirError
+from andrea_jax.config import Config
+from andrea_jax.errors import ResumeError, WorkdirBusy, WorkdirError
 from andrea_jax.workdir import Workdir
 
 
@@ -43,3 +45,11 @@ def test_checkpoint_steps_are_the_finished_ones_in_numeric_order(tmp_path):
     (tmp_path / workdir.CHECKPOINTS / "11").write_text("")
     assert Workdir(tmp_path).checkpoint_steps() == [9, 10, 100]
     assert Workdir(tmp_path / "none").checkpoint_steps() == []
+
+
+def test_a_workdir_without_a_saved_config_resumes_and_an_unreadable_one_is_named(tmp_path):
+    Workdir(tmp_path).check_resume(Config(), allow_schedule_change=False)  # nothing saved: nothing to differ
+    (tmp_path / workdir.CONFIG).write_text('{"model": ')
+    with pytest.raises(ResumeError, match=rf"{tmp_path / workdir.CONFIG} cannot be read \(.*\); it says which "
+                                          rf"settings the checkpoints in {tmp_path / workdir.CHECKPOINTS}"):
+        Workdir(tmp_path).check_resume(Config(), allow_schedule_change=False)
