@@ -5,12 +5,14 @@ import os
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # before lm_eval imports datasets: nothing may reach the hub
 
 import pathlib
+import types
 
 import jax
 import numpy as np
 import pytest
 from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
+from lm_eval.api.model import TemplateLM
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
@@ -89,6 +91,18 @@ def test_rolling_windows_are_lm_evals(n_tokens, stride):
     ours = scoring.rolling_windows(ids, prefix=0, seq_len=SEQ_LEN, stride=stride)
     theirs = get_rolling_token_windows(ids, prefix_token=0, max_seq_len=SEQ_LEN, context_len=SEQ_LEN - stride + 1)
     assert [(seq.tolist(), n) for seq, n in ours] == [(inp + pred[-1:], len(pred)) for inp, pred in theirs]
+
+
+def test_a_request_is_encoded_as_lm_eval_encodes_it_at_every_split(lm):
+    text = "First Citizen:\nBefore we  proceed, hear me."
+    tok = lm.loaded.tokenizer
+    causal = types.SimpleNamespace(backend="causal", tok_encode=lambda t, **_: tok_lib.encode(tok, t))
+    for k in range(1, len(text)):
+        if text[:k].strip():  # lm-eval's caller turns an empty context into end-of-text (tested apart)
+            assert scoring.encode_pair(tok, text[:k], text[k:]) == TemplateLM._encode_pair(causal, text[:k], text[k:])
+    # Somewhere a token spans the boundary: there the continuation is not its own encoding.
+    assert any(scoring.encode_pair(tok, text[:k], text[k:])[1] != tok_lib.encode(tok, text[k:])
+               for k in range(1, len(text)))
 
 
 def test_loglikelihood_rolling_is_the_project_scorer_and_lm_evals_definition(lm):
