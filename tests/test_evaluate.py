@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from _helpers import forward_logits, run_module
+from andrea_jax import config as config_lib
+from andrea_jax.config import Config
 from andrea_jax.serve import evaluate, load, scoring, tasks
-from andrea_jax.errors import DataError, TaskError
+from andrea_jax.errors import ConfigError, DataError, TaskError
 from andrea_jax.data import tokenizer as tok_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -177,15 +179,39 @@ def test_shipped_task_files_parse():
 
 @pytest.mark.parametrize("line, message", [
     ('{"context": "a", "choices": ["x"], "label": 0}', "at least 2"),
+    ('{"context": "a", "choices": ["x", ""], "label": 0}', "at least 2 non-empty strings"),
     ('{"context": "a", "choices": ["x", "y"], "label": 2}', "'label'"),
+    ('{"context": "a", "choices": ["x", "y"], "label": -1}', "'label'.*got -1"),
+    ('{"context": "a", "choices": ["x", "y"], "label": true}', "'label'.*got True"),
+    ('{"context": 3, "choices": ["x", "y"], "label": 0}', "needs a string 'context'"),
+    ('{"label": 0}', "needs a string 'context'"),
+    ('{"text": "oneword"}', "several words"),
+    ('{"text": "two words "}', "last word ends it"),
     ('{"question": "a"}', "the line has: question"),
+    ('{}', "the line has: nothing"),
+    ('[1, 2]', "expected a JSON object, got list"),
     ('not json', "not valid JSON"),
 ])
 def test_a_bad_task_line_names_file_and_line(tmp_path, line, message):
     path = tmp_path / "task.jsonl"
-    path.write_text('{"text": "a b"}\n' + line + "\n")
-    with pytest.raises(TaskError, match=rf"task.jsonl line 2: .*{message}"):
+    path.write_text('{"text": "a b"}\n\n' + line + "\n")  # the blank line is skipped, and counted
+    with pytest.raises(TaskError, match=rf"task.jsonl line 3: .*{message}"):
         tasks.read_task(path)
+
+
+def test_a_task_file_is_one_kind_of_example_at_least_one_and_utf8(tmp_path):
+    path = tmp_path / "task.jsonl"
+    path.write_text('{"text": "a b"}\n{"context": "a", "choices": ["x", "y"], "label": 0}\n')
+    with pytest.raises(TaskError, match="line 2: mixes multiple-choice and LAMBADA-style lines in one file"):
+        tasks.read_task(path)
+    path.write_text("\n  \n")
+    with pytest.raises(TaskError, match="task.jsonl: holds no examples"):
+        tasks.read_task(path)
+    path.write_bytes(b'{"text": "a \xff b"}\n')
+    with pytest.raises(TaskError, match="task.jsonl: cannot be read"):
+        tasks.read_task(path)
+    path.write_text('\n{"text": "a b c"}\n\n')
+    assert tasks.read_task(path) == [tasks.LastWordExample("a b", " c")]
 
 
 def test_cli_prints_perplexity_and_bits_per_byte(trained_run, loaded):
@@ -335,3 +361,17 @@ def test_rolling_windows_stream_in_chunks_and_an_empty_document_scores_nothing(l
     np.testing.assert_allclose(chunked, whole, rtol=1e-6)  # the same windows in other batches: measured 0
     assert max(sizes) == 3 and sum(sizes) > 6
     assert scoring.rolling_logprobs(loaded, []).shape == (0,) and scoring.rolling_nll(loaded, []) == 0.0
+
+
+def test_training_tasks_are_read_by_file_stem_and_two_of_one_name_are_refused(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "words.jsonl").write_text('{"text": "a b"}\n')
+    (tmp_path / "a" / "more.jsonl").write_text('{"text": "c d"}\n')
+    with_tasks = lambda value: config_lib.override(Config(), [f"train.eval_tasks={value}"])
+    a, b = tmp_path / "a", tmp_path / "b"
+    read = tasks.read_training_tasks(with_tasks(f" {a / 'words.jsonl'} , {a / 'more.jsonl'},"))
+    assert read == {"words": [tasks.LastWordExample("a", " b")], "more": [tasks.LastWordExample("c", " d")]}
+    assert tasks.read_training_tasks(Config()) == {}
+    with pytest.raises(ConfigError, match="train.eval_tasks: two files share a name"):
+        tasks.read_training_tasks(with_tasks(f"{a / 'words.jsonl'},{b / 'words.jsonl'}"))
