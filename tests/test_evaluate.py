@@ -10,7 +10,7 @@ import pytest
 
 from _helpers import forward_logits, run_module
 from andrea_jax import config as config_lib
-from andrea_jax.config import Config
+from andrea_jax.config import Config, DataConfig
 from andrea_jax.serve import evaluate, load, scoring, tasks
 from andrea_jax.errors import ConfigError, DataError, TaskError
 from andrea_jax.data import tokenizer as tok_lib
@@ -67,9 +67,14 @@ def test_perplexity_and_bits_per_byte_match_a_direct_computation(loaded, tmp_pat
     # A val_fraction whose tail is exactly documents b and c (each followed by end-of-text).
     n_total = sum(len(v) + 1 for v in ids.values())
     n_val = sum(len(ids[n]) + 1 for n in val_docs)
-    tokens = evaluate.data_tokens(loaded, ["data.source=files", f"data.path={folder}",
-                                           f"data.val_fraction={(n_val + 0.5) / n_total}"], "val")
+    files = ["data.source=files", f"data.path={folder}", f"data.val_fraction={(n_val + 0.5) / n_total}"]
+    tokens = evaluate.data_tokens(loaded, files, "val")
     assert tokens.tolist() == ids["b.txt"] + [0] + ids["c.txt"] + [0]
+    # Always the model's own BPE, even where the data config names no tokenizer (which would train one).
+    assert evaluate.data_tokens(loaded, [*files, "data.tokenizer="], "val").tolist() == tokens.tolist()
+    assert evaluate.data_tokens(loaded, files, "train").tolist() == ids["a.txt"] + [0]
+    with pytest.raises(ValueError, match="split must be val or train, got 'test'"):
+        evaluate.data_tokens(loaded, files, "test")
 
     result = scoring.score_stream(loaded, tokens)
 
@@ -375,3 +380,56 @@ def test_training_tasks_are_read_by_file_stem_and_two_of_one_name_are_refused(tm
     assert tasks.read_training_tasks(Config()) == {}
     with pytest.raises(ConfigError, match="train.eval_tasks: two files share a name"):
         tasks.read_training_tasks(with_tasks(f"{a / 'words.jsonl'},{b / 'words.jsonl'}"))
+
+
+
+def test_cli_scores_the_data_asked_for_with_every_option(trained_run, loaded, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for name, text in DOCS.items():
+        (folder / name).write_text(text * 8, encoding="utf-8")
+    sets = ["data.source=files", f"data.path={folder}"]
+    args = ["--workdir", str(trained_run()), *(a for s in sets for a in ("--set", s)), "--split", "train",
+            "--stride", "8", "--max-documents", "1", "--batch-size", "5"]
+    assert evaluate.main(args) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    want = scoring.score_stream(loaded, evaluate.data_tokens(loaded, sets, "train"), stride=8, max_documents=1)
+    assert want.documents == 1 and want.tokens > 2 * SEQ_LEN   # several windows, each 8 new tokens
+    assert line == f"train split of files {folder} (stride 8): {evaluate.format_perplexity(want)}"
+
+
+def test_cli_refuses_bad_arguments_before_any_work(trained_run, tmp_path, capsys):
+    run = str(trained_run())
+    for args, code, message in [
+        (["--set", "model.n_layer=2"], 2, "config error: --set 'model.n_layer=2': only data.* keys can be changed"),
+        (["--stride", "33"], 2, "--stride 33 exceeds model.seq_len=32"),
+        (["--batch-size", "0"], 2, "argument --batch-size: must be positive, got 0"),
+        (["--task", str(tmp_path / "none.jsonl")], 1, f"error: {tmp_path / 'none.jsonl'}: cannot be read"),
+    ]:
+        try:
+            assert evaluate.main(["--workdir", run, *args]) == code, args
+        except SystemExit as e:  # argparse's own errors
+            assert e.code == code, args
+        assert message in capsys.readouterr().err, args
+    # A bad task file is named before the model is looked for.
+    assert evaluate.main(["--workdir", str(tmp_path / "nope"), "--task", str(tmp_path / "none.jsonl")]) == 1
+    assert "none.jsonl: cannot be read" in capsys.readouterr().err
+
+
+def test_cli_with_tasks_scores_them_in_batches_of_the_size_asked_and_no_perplexity(trained_run, monkeypatch,
+                                                                                      capsys):
+    sizes, real = [], evaluate.score_task
+    monkeypatch.setattr(evaluate, "score_task", lambda m, ex, batch_size: (sizes.append(batch_size),
+                                                                             real(m, ex, batch_size=batch_size))[1])
+    task = str(REPO / "tasks" / "shakespeare_lambada.jsonl")
+    assert evaluate.main(["--workdir", str(trained_run()), "--task", task, "--batch-size", "7"]) == 0
+    out = capsys.readouterr().out
+    assert sizes == [7] and f"{task} (last word, " in out and "split of" not in out
+
+
+def test_the_data_scored_is_named_by_its_source():
+    described = {source: evaluate.describe_data(DataConfig(source=source, path="corpus/x", tfds_name="lm1b"))
+                 for source in ("embedded", "files", "tfds", "prepared")}
+    assert described == {"embedded": "embedded tinyshakespeare", "files": "files corpus/x", "tfds": "tfds lm1b",
+                         "prepared": "prepared dataset corpus/x"}
