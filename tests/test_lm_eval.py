@@ -5,6 +5,7 @@ import os
 os.environ["HF_DATASETS_OFFLINE"] = "1"  # before lm_eval imports datasets: nothing may reach the hub
 
 import pathlib
+import sys
 import types
 
 import jax
@@ -12,12 +13,12 @@ import numpy as np
 import pytest
 from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
-from lm_eval.api.model import TemplateLM
+from lm_eval.api.model import CacheHook, TemplateLM
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from _helpers import forward_logits, run_module
-from andrea_jax.serve import scoring, tasks
+from andrea_jax.serve import lm_eval_adapter as adapter, scoring, tasks
 from andrea_jax.data import tokenizer as tok_lib
 from andrea_jax.serve.lm_eval_adapter import AndreaLM, cut_at_stop
 
@@ -140,6 +141,9 @@ def test_sampling_settings_follow_gen_kwargs():
     assert dict(AndreaLM._settings({"do_sample": True})[0])["temperature"] == 1.0
     assert dict(AndreaLM._settings({"temperature": 0.7})[0])["temperature"] == 0.7
     assert dict(AndreaLM._settings({"do_sample": False, "temperature": 0.7})[0])["temperature"] == 0.0
+    assert dict(AndreaLM._settings({"top_k": 5, "top_p": 0.9})[0]) == {
+        "max_new_tokens": adapter.DEFAULT_MAX_GEN_TOKS, "temperature": 0.0, "top_k": 5, "top_p": 0.9}
+    assert adapter.DEFAULT_MAX_GEN_TOKS == 256  # lm-eval's HF model's default
 
 
 def test_lm_eval_command_line_runs_the_model(trained_run):
@@ -149,3 +153,70 @@ def test_lm_eval_command_line_runs_the_model(trained_run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout
     assert "|andrea_shakespeare_mc|" in table.replace(" ", "") and "acc_norm" in table
+
+
+def test_model_args_batch_size_step_and_length(trained_run):
+    run = trained_run()
+    assert [adapter._batch_size(v, 32) for v in ("auto", None, "0", "8", 4)] == [32, 32, 1, 8, 4]
+    at3 = AndreaLM(workdir=str(run), step="3", batch_size="auto")
+    assert (at3.loaded.step, at3.batch_size, at3.max_length, at3.eot_token_id) == (3, scoring.DEFAULT_BATCH, SEQ_LEN, 0)
+    assert AndreaLM(workdir=str(run), batch_size="5").batch_size == 5
+    assert cut_at_stop("a, b\nc", ["", "\n"]) == "a, b"  # an empty stop string stops nothing
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def add_partial(self, attr, req, res):
+        self.calls.append((attr, req, res))
+
+
+def test_every_answer_goes_to_lm_evals_cache_and_generations_keep_the_requests_order(lm):
+    recorder = Recorder()
+    lm.set_cache_hook(recorder)
+    pairs = [("KING", " RICHARD"), ("To be", ",")]
+    lls = lm.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)])
+    rolled = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("Señor ✓",), 0)])
+    greedy, sampled = {"until": [], "max_gen_toks": 6}, {"until": [], "max_gen_toks": 6, "temperature": 1.0}
+    contexts = [("ROMEO:\n", greedy), ("JULIET:\n", sampled), ("KING:\n", greedy)]
+    together = lm.generate_until([Instance("generate_until", {}, c, i) for i, c in enumerate(contexts)])
+    alone = [lm.generate_until([Instance("generate_until", {}, c, 0)])[0] for c in contexts]
+    assert together == alone and together[1] != together[0]  # the sampled one between the greedy two
+    assert recorder.calls[:3] == [("loglikelihood", pairs[0], lls[0]), ("loglikelihood", pairs[1], lls[1]),
+                                  ("loglikelihood_rolling", ("Señor ✓",), rolled[0])]
+    assert sorted(recorder.calls[3:6]) == sorted(("generate_until", c, t) for c, t in zip(contexts, together))
+    lm.set_cache_hook(CacheHook(None))
+
+
+def test_sampling_follows_the_seed(trained_run):
+    request = [Instance("generate_until", {}, ("ROMEO:\n", {"until": [], "max_gen_toks": 16, "temperature": 1.0}), 0)]
+    outputs = {seed: AndreaLM(workdir=str(trained_run()), seed=seed).generate_until(request)[0] for seed in (1, 2)}
+    assert outputs[1] == AndreaLM(workdir=str(trained_run()), seed=1).generate_until(request)[0]
+    assert outputs[1] != outputs[2]
+
+
+def test_the_projects_tasks_are_added_unless_an_include_path_is_given(monkeypatch):
+    import lm_eval.__main__
+
+    seen = []
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: seen.append(list(sys.argv)))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    adapter.main(["--tasks", "x"])
+    adapter.main(["--tasks", "x", "--include_path", "mine"])
+    adapter.main(["--tasks", "x", "--include_path=mine"])
+    assert seen == [["lm_eval", "--tasks", "x", "--include_path", str(adapter.TASKS_DIR)],
+                    ["lm_eval", "--tasks", "x", "--include_path", "mine"],
+                    ["lm_eval", "--tasks", "x", "--include_path=mine"]]
+
+
+def test_generation_stops_at_end_of_text_with_the_models_kernels_and_seed(lm, monkeypatch):
+    from andrea_jax.serve import generate
+
+    seen = []
+    monkeypatch.setattr(generate, "generate",
+                        lambda loaded, prompts, **kw: (seen.append(kw), [[5, 6]] * len(prompts))[1])
+    out = lm.generate_until([Instance("generate_until", {}, ("KING:\n", {"until": [], "max_gen_toks": 3}), 0)])
+    assert out == [tok_lib.decode(lm.loaded.tokenizer, [5, 6])]
+    assert seen == [{"max_new_tokens": 3, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": lm.seed,
+                     "stop_at_eot": True, "impl": lm.impl}]
