@@ -10,6 +10,7 @@ import types
 
 import jax
 import numpy as np
+import lm_eval.__main__
 import pytest
 from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
@@ -18,7 +19,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from _helpers import forward_logits, run_module
-from andrea_jax.serve import lm_eval_adapter as adapter, scoring, tasks
+from andrea_jax.serve import generate, lm_eval_adapter as adapter, scoring, tasks
 from andrea_jax.data import tokenizer as tok_lib
 from andrea_jax.serve.lm_eval_adapter import AndreaLM, cut_at_stop
 
@@ -197,8 +198,6 @@ def test_sampling_follows_the_seed(trained_run):
 
 
 def test_the_projects_tasks_are_added_unless_an_include_path_is_given(monkeypatch):
-    import lm_eval.__main__
-
     seen = []
     monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: seen.append(list(sys.argv)))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
@@ -211,8 +210,6 @@ def test_the_projects_tasks_are_added_unless_an_include_path_is_given(monkeypatc
 
 
 def test_generation_stops_at_end_of_text_with_the_models_kernels_and_seed(lm, monkeypatch):
-    from andrea_jax.serve import generate
-
     seen = []
     monkeypatch.setattr(generate, "generate",
                         lambda loaded, prompts, **kw: (seen.append(kw), [[5, 6]] * len(prompts))[1])
